@@ -1,0 +1,102 @@
+// Arguments of one SSD forward call: what mamba_ssm 2.3.2.post1's
+// mamba_chunk_scan_combined takes, plus the serving-style variable-length form.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "mamba2_ssd/types.hpp"
+
+namespace mamba2_ssd {
+
+enum class Layout : int32_t {
+  // mamba_chunk_scan_combined's form. Tokens are (batch, seqlen); several sequences may be
+  // packed into one row with seq_idx; cu_seqlens (batch must be 1) asks for the final state of
+  // every packed sequence in varlen_states.
+  kBatched = 0,
+  // The serving form: tokens (total, ...) with no batch dimension, sequence i owning tokens
+  // [cu_seqlens[i], cu_seqlens[i+1]). Every sequence starts on a fresh chunk, has its own
+  // initial state (or zero) and its own final state.
+  kVarlen = 1,
+};
+
+const char* layout_name(Layout l);
+
+// Sizes below: b = batch, l = seqlen, T = total tokens (varlen), S = number of sequences,
+// h = nheads, p = headdim, g = ngroups, n = dstate, c = number of chunks.
+// Optional tensors are absent when their data pointer is null.
+struct ForwardParams {
+  Layout layout = Layout::kBatched;
+  Device device = Device::kCUDA;
+
+  // ---- inputs ----
+  TensorView x;       // (b, l, h, p) | (T, h, p)            bf16, fp16 or fp32
+  TensorView dt;      // (b, l, h)    | (T, h)               bf16, fp16 or fp32
+  TensorView A;       // (h)                                 fp32; expected <= 0
+  TensorView B;       // (b, l, g, n) | (T, g, n)            dtype of x
+  TensorView C;       // (b, l, g, n) | (T, g, n)            dtype of x
+  int64_t chunk_size = 0;  // tokens per chunk; the GPU runs 64, 128 and 256
+
+  TensorView D;        // optional (h) or (h, p)             fp32: out += D * x
+  TensorView z;        // optional like x, dtype of x:        out *= silu(z)
+  TensorView dt_bias;  // optional (h)                        fp32: dt += dt_bias
+  bool dt_softplus = false;  // dt = softplus(dt) where dt <= 20 (identity above)
+  float dt_min = 0.0f;       // dt_limit: dt = clamp(dt, dt_min, dt_max), always applied
+  float dt_max = std::numeric_limits<float>::infinity();
+
+  // optional (b, h, p, n) | (S, h, p, n), fp32 or a 16-bit float type.
+  // Batched with seq_idx: it reaches only the tokens whose seq_idx is 0 (mamba_ssm's rule).
+  TensorView initial_states;
+  // optional (b, l) int32, non-decreasing along l, >= 0: packed sequences in one row.
+  // Batched layout only.
+  TensorView seq_idx;
+  // (S + 1) int32 or int64, non-decreasing, cu_seqlens[0] == 0, cu_seqlens[S] == l (batched,
+  // with batch == 1) or T (varlen). Required for the varlen layout; in the batched layout it is
+  // used only to fill varlen_states.
+  TensorView cu_seqlens;
+
+  // ---- outputs ----
+  TensorView out;           // required, shape of x, dtype of x
+  // optional (b, h, p, n) | (S, h, p, n), fp32 or a 16-bit float type: the state after the last
+  // token of each row (batched) or of each sequence (varlen).
+  TensorView final_states;
+  // optional, batched layout with cu_seqlens only: (S, h, p, n), fp32 or a 16-bit float type.
+  // The state after the last token of every packed sequence, computed as mamba_ssm's
+  // chunk_state_varlen does: from the chunk state entering the chunk where the sequence ends
+  // (only when the sequence starts before that chunk) plus the sequence's tokens in that chunk.
+  TensorView varlen_states;
+  // optional, per-chunk states: the state after the last token of every chunk, in state_dtype.
+  // Batched: (b, c, h, p, n) with c = ceil(l / chunk_size).
+  // Varlen: (capacity, h, p, n) with capacity >= max_varlen_chunks(T, S, chunk_size); sequence
+  // i's chunk j is at index chunk_offsets[i] + j (see chunk_offsets).
+  TensorView chunk_states;
+  // optional, varlen layout only: (S + 1) int32, filled with the index of each sequence's first
+  // chunk in chunk_states (chunk_offsets[S] = chunks used). Computed on the device.
+  TensorView chunk_offsets;
+
+  // dtype of the chunk states kept between the kernels (and of chunk_states):
+  // fp32, or the 16-bit compute type (bf16 for bf16/fp32 inputs, fp16 for fp16 inputs).
+  // Unset: the dtype of C, as mamba_ssm does (fp32 inputs: fp32).
+  std::optional<DType> state_dtype;
+};
+
+// Derived sizes of a call, filled by validate().
+struct ProblemShape {
+  int64_t batch = 0;      // b (1 for varlen)
+  int64_t seqlen = 0;     // l (T for varlen)
+  int64_t nheads = 0;     // h
+  int64_t headdim = 0;    // p
+  int64_t ngroups = 0;    // g
+  int64_t dstate = 0;     // n
+  int64_t nchunks = 0;    // c per row (batched) | upper bound on chunks (varlen)
+  int64_t nseq = 0;       // S (cu_seqlens given), else 0
+  DType compute_dtype = DType::kBFloat16;  // 16-bit type of the tensor-core products
+  DType state_dtype = DType::kFloat32;     // resolved state dtype
+};
+
+// An upper bound on the chunks that S sequences of T tokens in all can occupy when each one
+// starts on a fresh chunk: floor((T + S * (chunk_size - 1)) / chunk_size).
+int64_t max_varlen_chunks(int64_t total_tokens, int64_t nseq, int64_t chunk_size);
+
+}  // namespace mamba2_ssd
