@@ -1,0 +1,78 @@
+// chunk_cumsum: dt' = clamp(softplus?(dt + dt_bias), dt_min, dt_max) and the running sum of
+// A * dt' from each chunk's start, for every slot of every chunk (padding slots: dt' = 0, so the
+// sum stays flat and slot Q-1 holds the chunk's total). The sum is stored times log2(e) so the
+// next kernels use exp2. Layout [row][head][chunk][Q], contiguous per chunk.
+//
+// One CTA per (chunk, row); each warp takes one head at a time, each lane Q/32 consecutive
+// slots: a serial sum per lane, then a warp scan of the lane totals.
+#include "kernels/kernels.hpp"
+
+namespace mamba2_ssd::kernels {
+
+namespace {
+
+constexpr int kWarps = 4;
+
+__device__ __forceinline__ float softplus_thresholded(float v) {
+  return v <= 20.0f ? log1pf(__expf(v)) : v;
+}
+
+template <int kPerLane>
+__global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdParams p) {
+  const int64_t g = blockIdx.x;
+  const int64_t row = blockIdx.y;
+  const ChunkInfo ci = chunk_info(p, row, g);
+  if (ci.count == 0) return;  // unused varlen chunk slot
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int h = warp; h < p.nheads; h += kWarps) {
+    const float a_h = p.A[h * p.A_s];
+    const float bias = p.dt_bias != nullptr ? p.dt_bias[h * p.dt_bias_s] : 0.0f;
+    float dtp[kPerLane], run[kPerLane];
+    float total = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      const int t = lane * kPerLane + e;
+      float v = 0.0f;
+      if (t < ci.count) {
+        v = load_any(p.dt, p.dt_dtype, ci.row * p.dt_sb + (ci.tok0 + t) * p.dt_st + h * p.dt_sh) + bias;
+        if (p.dt_softplus) v = softplus_thresholded(v);
+        v = fminf(fmaxf(v, p.dt_min), p.dt_max);
+      }
+      dtp[e] = v;
+      total += a_h * v;
+      run[e] = total;
+    }
+    // Exclusive prefix of the lane totals.
+    float incl = total;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const float o = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += o;
+    }
+    const float base = incl - total;
+    const int64_t off = cum_offset(p, ci.row, h, g) + lane * kPerLane;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      p.cum[off + e] = (base + run[e]) * kLog2e;
+      p.dtp[off + e] = dtp[e];
+    }
+  }
+}
+
+}  // namespace
+
+void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream) {
+  if (p.nchunks > 0x7fffffffLL || p.batch > 65535) {
+    throw_launch_error("chunk_cumsum: grid too large (" + std::to_string(p.nchunks) + " chunks x " +
+                       std::to_string(p.batch) + " rows)");
+  }
+  dim3 grid(static_cast<unsigned>(p.nchunks), static_cast<unsigned>(p.batch));
+  switch (p.chunk) {
+    case 64: chunk_cumsum_kernel<2><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    case 128: chunk_cumsum_kernel<4><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    default: chunk_cumsum_kernel<8><<<grid, kWarps * 32, 0, stream>>>(p); break;
+  }
+  check_cuda(cudaGetLastError(), "launch chunk_cumsum");
+}
+
+}  // namespace mamba2_ssd::kernels

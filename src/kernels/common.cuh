@@ -1,0 +1,193 @@
+// Shared by the kernels: the launch parameters, chunk bookkeeping, async-copy and math helpers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <cutlass/bfloat16.h>
+#include <cutlass/half.h>
+
+#include "mamba2_ssd/types.hpp"
+
+namespace mamba2_ssd::kernels {
+
+// Everything a kernel needs, by value. Strides are in elements; the innermost stride of every
+// tensor read with vector loads is 1 (validate() guarantees it).
+struct SsdParams {
+  // ---- sizes
+  int64_t batch;         // rows (1 for varlen)
+  int64_t seqlen;        // tokens per row (total tokens for varlen)
+  int32_t nheads, headdim, ngroups, dstate;
+  int32_t heads_per_group;
+  int32_t chunk;         // Q
+  int64_t nchunks;       // chunks per row (varlen: upper bound on all chunks)
+  int32_t nseq;          // sequences (varlen layout, or batched cu_seqlens), else 0
+  bool varlen;           // Layout::kVarlen
+  bool fp16;             // compute type: fp16 (else bf16)
+
+  // ---- inputs, in the 16-bit compute type (fp32 inputs point at converted copies)
+  const void* x;  int64_t x_sb, x_st, x_sh;
+  const void* B;  int64_t B_sb, B_st, B_sg;
+  const void* C;  int64_t C_sb, C_st, C_sg;
+  const void* dt; DType dt_dtype; int64_t dt_sb, dt_st, dt_sh;
+  const float* A; int64_t A_s;
+  const float* dt_bias; int64_t dt_bias_s;   // nullptr: absent
+  bool dt_softplus;
+  float dt_min, dt_max;
+  const float* D; int64_t D_sh, D_sp;        // D_sp = 0 for a per-head D
+  const void* z;  int64_t z_sb, z_st, z_sh;  // nullptr: absent; dtype io_dtype
+  // fp32 inputs: the original x (the D * x residual reads it in fp32)
+  const float* x_f32; int64_t xf_sb, xf_st, xf_sh;
+  const void* init; DType init_dtype; int64_t init_sb, init_sh, init_sp;  // [walk][h][p][n]
+  const int32_t* seq_idx; int64_t seq_sb, seq_st;
+  const void* cu_seqlens; bool cu_seqlens_i64;
+
+  // ---- intermediates (workspace or caller buffers)
+  float* cum;   // [row][h][chunk][Q]: running sum of A*dt' from the chunk start, times log2(e)
+  float* dtp;   // [row][h][chunk][Q]: dt' (0 on padding)
+  void* states; DType state_dtype; int64_t st_sb, st_sc, st_sh, st_sp;  // state after each chunk
+  int32_t* chunk_offsets;  // varlen: [nseq + 1] first chunk of each sequence
+
+  // ---- outputs
+  void* out; DType io_dtype; int64_t out_sb, out_st, out_sh;
+  void* final_states; DType fin_dtype; int64_t fin_sb, fin_sh, fin_sp;
+  void* varlen_states; DType vs_dtype; int64_t vs_sb, vs_sh, vs_sp;
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ------------------------------------------------------------------ element conversions
+// Kernel element types are cutlass::bfloat16_t / cutlass::half_t (what CuTe's GMMA atoms take);
+// their float constructors round to nearest even.
+template <class T>
+__device__ __forceinline__ float to_float(T v) { return static_cast<float>(v); }
+template <class T>
+__device__ __forceinline__ T from_float(float v) { return T(v); }
+
+__host__ __device__ __forceinline__ int dtype_size_dev(DType t) {
+  return t == DType::kFloat32 || t == DType::kInt32 ? 4 : t == DType::kInt64 ? 8 : 2;
+}
+
+// Loads / stores one element whose dtype is only known at run time (small tensors, epilogues).
+__device__ __forceinline__ float load_any(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kFloat32: return static_cast<const float*>(p)[i];
+    case DType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kFloat16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return 0.0f;
+  }
+}
+__device__ __forceinline__ void store_any(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kFloat32: static_cast<float*>(p)[i] = v; break;
+    case DType::kBFloat16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case DType::kFloat16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    default: break;
+  }
+}
+// Two consecutive elements (i, i+1); i is even and the row is 4/8-byte aligned.
+__device__ __forceinline__ void store2_any(void* p, DType t, int64_t i, float v0, float v1) {
+  switch (t) {
+    case DType::kFloat32: *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(v0, v1); break;
+    case DType::kBFloat16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(v0, v1);
+      break;
+    case DType::kFloat16:
+      *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(v0, v1);
+      break;
+    default: break;
+  }
+}
+__device__ __forceinline__ float2 load2_any(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kFloat32: return *reinterpret_cast<const float2*>(static_cast<const float*>(p) + i);
+    case DType::kBFloat16:
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(p) + i));
+    case DType::kFloat16:
+      return __half22float2(*reinterpret_cast<const __half2*>(static_cast<const __half*>(p) + i));
+    default: return make_float2(0.f, 0.f);
+  }
+}
+
+// ------------------------------------------------------------------ math
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+// ------------------------------------------------------------------ async copies (sm80+)
+// 16-byte global->shared copy; `valid == false` fills the 16 bytes with zeros and reads nothing.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+// Orders this thread's generic-proxy shared-memory writes (cp.async included) before later
+// async-proxy reads (wgmma operands); a barrier must follow.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ------------------------------------------------------------------ chunks and walks
+// Where one chunk's tokens are. A "walk" is a batch row (batched layout) or a sequence
+// (varlen layout): the unit whose state is carried from chunk to chunk.
+struct ChunkInfo {
+  int64_t row;         // batch index for the input/output tensors (0 for varlen)
+  int64_t tok0;        // first token of the chunk within the row
+  int32_t count;       // valid tokens (1..Q); 0: this chunk index is unused
+  int64_t walk;        // batch row or sequence index
+  int64_t local;       // chunk index within the walk
+};
+
+__device__ __forceinline__ int64_t load_cu(const SsdParams& p, int64_t i) {
+  return p.cu_seqlens_i64 ? static_cast<const int64_t*>(p.cu_seqlens)[i]
+                          : static_cast<const int32_t*>(p.cu_seqlens)[i];
+}
+
+// Chunk `g` of row `row` (batched) or global chunk `g` (varlen).
+__device__ __forceinline__ ChunkInfo chunk_info(const SsdParams& p, int64_t row, int64_t g) {
+  ChunkInfo ci;
+  if (!p.varlen) {
+    ci.row = row;
+    ci.walk = row;
+    ci.local = g;
+    ci.tok0 = g * p.chunk;
+    const int64_t left = p.seqlen - ci.tok0;
+    ci.count = left <= 0 ? 0 : static_cast<int32_t>(left < p.chunk ? left : p.chunk);
+    return ci;
+  }
+  ci.row = 0;
+  // Binary search: the last sequence i with chunk_offsets[i] <= g.
+  int lo = 0, hi = p.nseq;  // chunk_offsets has nseq + 1 entries
+  if (g >= p.chunk_offsets[p.nseq]) {
+    ci.count = 0; ci.walk = 0; ci.local = 0; ci.tok0 = 0;
+    return ci;
+  }
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (p.chunk_offsets[mid] <= g) lo = mid; else hi = mid;
+  }
+  // Skip empty sequences that share the offset.
+  ci.walk = lo;
+  ci.local = g - p.chunk_offsets[lo];
+  const int64_t start = load_cu(p, lo), end = load_cu(p, lo + 1);
+  ci.tok0 = start + ci.local * p.chunk;
+  const int64_t left = end - ci.tok0;
+  ci.count = left <= 0 ? 0 : static_cast<int32_t>(left < p.chunk ? left : p.chunk);
+  return ci;
+}
+
+// Offset of (row, head, chunk g, slot 0) in cum / dtp.
+__device__ __forceinline__ int64_t cum_offset(const SsdParams& p, int64_t row, int64_t h, int64_t g) {
+  return ((row * p.nheads + h) * p.nchunks + g) * p.chunk;
+}
+
+}  // namespace mamba2_ssd::kernels

@@ -1,0 +1,42 @@
+// Host-side entry points of the kernels (one .cu file each) and their tunable settings.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kernels/common.cuh"
+
+namespace mamba2_ssd::kernels {
+
+// Throws mamba2_ssd::Error (kind kCuda) naming `what` when `err` is not cudaSuccess.
+void check_cuda(cudaError_t err, const char* what);
+// Throws mamba2_ssd::Error (kind kUnsupported) for a shape a single launch cannot cover.
+[[noreturn]] void throw_launch_error(const std::string& message);
+
+// fwd_pass_state: dstate columns per CTA (64 or 32; 32 doubles the CTAs for small batches).
+struct PassStateConfig {
+  int dstate_tile = 64;
+};
+
+// compute_out: pipeline depth of the tile ring.
+struct ComputeOutConfig {
+  int stages = 3;
+};
+
+// varlen layout: chunk_offsets[i] = sum_{k<i} ceil(len_k / Q) (one CTA).
+void launch_chunk_offsets(const SsdParams& p, cudaStream_t stream);
+// dt' and the in-chunk cumulative sum of A * dt' (times log2 e) for every chunk slot.
+void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream);
+// The state after every chunk (p.states) and after every walk (p.final_states).
+void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream);
+// out for every chunk.
+void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStream_t stream);
+// Batched layout with cu_seqlens: the final state of every packed sequence (p.varlen_states).
+void launch_varlen_states(const SsdParams& p, cudaStream_t stream);
+// fp32 inputs: a strided (rows, inner) fp32 tensor -> contiguous bf16 copy.
+// `outer` rows of `inner` elements; row r starts at src + offset_of_row(r).
+void launch_convert_to_bf16(const float* src, int64_t d0, int64_t d1, int64_t d2, int64_t s0, int64_t s1,
+                            int64_t s2, int64_t inner, void* dst, cudaStream_t stream);
+
+}  // namespace mamba2_ssd::kernels
