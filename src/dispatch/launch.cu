@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -37,7 +39,7 @@ std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign;
 
 // Byte offsets of the workspace regions (0-sized regions are absent).
 struct WorkspacePlan {
-  std::size_t cum = 0, dtp = 0, states = 0, offsets = 0, x16 = 0, b16 = 0, c16 = 0, total = 0;
+  std::size_t cum = 0, dtp = 0, wst = 0, carry = 0, states = 0, offsets = 0, x16 = 0, b16 = 0, c16 = 0, total = 0;
   std::size_t states_bytes = 0, offsets_bytes = 0, x16_bytes = 0, bc16_bytes = 0;
 };
 
@@ -47,6 +49,8 @@ WorkspacePlan plan_workspace(const ForwardParams& p, const ProblemShape& s) {
   std::size_t off = 0;
   w.cum = off; off = align_up(off + per_slot * sizeof(float));
   w.dtp = off; off = align_up(off + per_slot * sizeof(float));
+  w.wst = off; off = align_up(off + per_slot * sizeof(float));
+  w.carry = off; off = align_up(off + per_slot / p.chunk_size * sizeof(float));
   if (!p.chunk_states.present()) {
     w.states_bytes = static_cast<std::size_t>(s.batch) * s.nchunks * s.nheads * s.headdim * s.dstate *
                      dtype_size(s.state_dtype);
@@ -185,6 +189,8 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   }
   k.cum = reinterpret_cast<float*>(ws + w.cum);
   k.dtp = reinterpret_cast<float*>(ws + w.dtp);
+  k.wst = reinterpret_cast<float*>(ws + w.wst);
+  k.carry = reinterpret_cast<float*>(ws + w.carry);
   k.state_dtype = s.state_dtype;
   if (p.chunk_states.present()) {
     const TensorView& c = p.chunk_states;
@@ -237,7 +243,10 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   }
   if (varlen) kernels::launch_chunk_offsets(k, stream);
   kernels::launch_chunk_cumsum(k, stream);
-  const KernelChoice choice = choose_kernels(s, walks);
+  KernelChoice choice = choose_kernels(s, walks);
+  // Manual overrides for measuring variants (the autotuner sets the same fields).
+  if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_NT")) choice.pass_state.dstate_tile = std::atoi(e) == 32 ? 32 : 64;
+  if (const char* e = std::getenv("MAMBA2_SSD_HEADS_PER_CTA")) choice.compute_out.heads_per_cta = std::max(1, std::atoi(e));
   kernels::launch_fwd_pass_state(k, choice.pass_state, stream);
   kernels::launch_compute_out(k, choice.compute_out, stream);
   if (!varlen && p.varlen_states.present()) kernels::launch_varlen_states(k, stream);

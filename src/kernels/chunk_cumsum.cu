@@ -2,6 +2,10 @@
 // A * dt' from each chunk's start, for every slot of every chunk (padding slots: dt' = 0, so the
 // sum stays flat and slot Q-1 holds the chunk's total). The sum is stored times log2(e) so the
 // next kernels use exp2. Layout [row][head][chunk][Q], contiguous per chunk.
+// It also folds in what fwd_pass_state needs per token and per chunk, so that kernel does no
+// exponentials and no sequence logic: the state weight exp(min(cum_last - cum, 0)) * dt' (zero
+// for tokens of another sequence than the chunk's last token) and the carry factor of the state
+// entering the chunk, exp(cum_last) (zero when the chunk's last token starts a new sequence).
 //
 // One CTA per (chunk, row); each warp takes one head at a time, each lane Q/32 consecutive
 // slots: a serial sum per lane, then a warp scan of the lane totals.
@@ -24,6 +28,16 @@ __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdPara
   const ChunkInfo ci = chunk_info(p, row, g);
   if (ci.count == 0) return;  // unused varlen chunk slot
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // seq_idx (batched only): the chunk's tokens, its last token's sequence, and whether the
+  // state entering the chunk belongs to that sequence (the sequence before chunk 0 is 0).
+  const int32_t* seq = p.seq_idx != nullptr ? p.seq_idx + ci.row * p.seq_sb + ci.tok0 * p.seq_st : nullptr;
+  int32_t seq_last = 0;
+  bool carries = true;
+  if (seq != nullptr) {
+    seq_last = seq[(ci.count - 1) * p.seq_st];
+    const int32_t seq_prev = ci.local > 0 ? seq[-p.seq_st] : 0;
+    carries = seq_last == seq_prev;
+  }
   for (int h = warp; h < p.nheads; h += kWarps) {
     const float a_h = p.A[h * p.A_s];
     const float bias = p.dt_bias != nullptr ? p.dt_bias[h * p.dt_bias_s] : 0.0f;
@@ -50,12 +64,18 @@ __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdPara
       if (lane >= d) incl += o;
     }
     const float base = incl - total;
+    const float last = __shfl_sync(0xffffffffu, incl, 31) * kLog2e;  // cum at slot Q-1
     const int64_t off = cum_offset(p, ci.row, h, g) + lane * kPerLane;
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
-      p.cum[off + e] = (base + run[e]) * kLog2e;
+      const float c = (base + run[e]) * kLog2e;
+      const int t = lane * kPerLane + e;
+      const bool same = seq == nullptr || (t < ci.count && seq[t * p.seq_st] == seq_last);
+      p.cum[off + e] = c;
       p.dtp[off + e] = dtp[e];
+      p.wst[off + e] = same ? fast_exp2(fminf(last - c, 0.0f)) * dtp[e] : 0.0f;
     }
+    if (lane == 0) p.carry[carry_offset(p, ci.row, h, g)] = carries ? fast_exp2(last) : 0.0f;
   }
 }
 

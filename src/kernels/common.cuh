@@ -48,6 +48,9 @@ struct SsdParams {
   // ---- intermediates (workspace or caller buffers)
   float* cum;   // [row][h][chunk][Q]: running sum of A*dt' from the chunk start, times log2(e)
   float* dtp;   // [row][h][chunk][Q]: dt' (0 on padding)
+  float* wst;   // [row][h][chunk][Q]: state weight exp(min(cum_last - cum, 0)) * dt', 0 for
+                //                     tokens of another sequence than the chunk's last token
+  float* carry; // [row][h][chunk]:    exp(cum_last), 0 when a new sequence starts in the chunk
   void* states; DType state_dtype; int64_t st_sb, st_sc, st_sh, st_sp;  // state after each chunk
   int32_t* chunk_offsets;  // varlen: [nseq + 1] first chunk of each sequence
 
@@ -185,9 +188,12 @@ __device__ __forceinline__ ChunkInfo chunk_info(const SsdParams& p, int64_t row,
   return ci;
 }
 
-// Offset of (row, head, chunk g, slot 0) in cum / dtp.
+// Offset of (row, head, chunk g, slot 0) in cum / dtp / wst; of (row, head, chunk g) in carry.
 __device__ __forceinline__ int64_t cum_offset(const SsdParams& p, int64_t row, int64_t h, int64_t g) {
   return ((row * p.nheads + h) * p.nchunks + g) * p.chunk;
+}
+__device__ __forceinline__ int64_t carry_offset(const SsdParams& p, int64_t row, int64_t h, int64_t g) {
+  return (row * p.nheads + h) * p.nchunks + g;
 }
 
 }  // namespace mamba2_ssd::kernels

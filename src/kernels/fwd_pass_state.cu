@@ -1,11 +1,13 @@
 // fwd_pass_state: the state after every chunk.
 //
-// One CTA per (walk, head, 64-row headdim tile, NT-column dstate tile). It walks the walk's
-// chunks in order, keeping its state slice in wgmma accumulator registers (fp32):
-//   H = carry * exp(cum_last) * H + X^T (B * exp(min(cum_last - cum, 0)) * dt')
+// One CTA (one warpgroup) per (walk, head, 64-row headdim tile, NT-column dstate tile). It walks
+// the walk's chunks in order, keeping its state slice in wgmma accumulator registers (fp32):
+//   H = carry * H + X^T (B * w)      carry, w: per chunk / per token, from chunk_cumsum
 // and stores H after each chunk (the chunk states that compute_out reads) and after the last
-// chunk (final_states). Tiles of 64 tokens stream through a ring of kStages cp.async stages, so
-// the loads of the next steps are in flight while the current one is multiplied.
+// chunk (final_states). Steps of KS tokens (a whole chunk up to 128) stream through a ring of
+// cp.async stages, so the next steps' loads are in flight while the current one is multiplied.
+// The chunk-to-chunk dependency makes the per-step latency (two barriers, the smem scaling of B,
+// one wgmma batch) the cost to keep small; parallelism comes from walks x heads x state tiles.
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
 
@@ -48,20 +50,39 @@ __device__ __forceinline__ ChunkInfo walk_chunk(const SsdParams& p, const Walk& 
   return ci;
 }
 
-template <class T, int NT, int kStages>
+// One pipeline stage of a step of KS tokens: X^T tile (64 p x KS tokens, MN-major A operand),
+// B tile (NT x KS, MN-major B operand), the tokens' state weights and the chunk's carry factor.
+template <class T, int NT, int KS>
+struct PassTiles {
+  using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<st::kP>, Int<KS>>{}));
+  using AtomB = std::conditional_t<NT == 32, GMMA::Layout_MN_SW64_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
+  using LayoutB = decltype(tile_to_shape(AtomB{}, Shape<Int<NT>, Int<KS>>{}));
+  using Mma = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>, GMMA::Major::MN, GMMA::Major::MN>()));
+  static constexpr int kXBytes = st::kP * KS * 2;
+  static constexpr int kBBytes = NT * KS * 2;
+  static constexpr int kWOffset = kXBytes + kBBytes;           // KS floats
+  static constexpr int kCarryOffset = kWOffset + KS * 4;       // 1 float
+  static constexpr int kStageBytes = (kCarryOffset + 16 + 1023) / 1024 * 1024;
+};
+
+template <class T, int NT, int KS, int kStages>
 __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdParams p) {
-  using Tl = st::Tiles<T, NT>;
+  using Tl = PassTiles<T, NT, KS>;
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int tid = threadIdx.x;
 
   const int n_tiles = (p.dstate + NT - 1) / NT;
   const int p0 = (blockIdx.x / n_tiles) * st::kP;
   const int n0 = (blockIdx.x % n_tiles) * NT;
   const int64_t h = blockIdx.y;
   const Walk walk = make_walk(p, blockIdx.z);
-  const int steps_per_chunk = p.chunk / st::kK;
+  const int64_t grp = h / p.heads_per_group;
 
-  auto acc = st::make_acc<T, NT>();
+  typename Tl::Mma mma;
+  auto thr = mma.get_slice(tid);
+  Tensor acc = partition_fragment_C(mma, Shape<Int<st::kP>, Int<NT>>{});
   if (p.init != nullptr) {
     const void* src = static_cast<const char*>(p.init) +
                       (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
@@ -70,25 +91,40 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
     clear(acc);
   }
 
-  // Steps of the walk: chunk c, 64-token step k of it. The last chunk may have fewer steps.
-  auto steps_of = [&](int64_t c) -> int {
-    const ChunkInfo ci = walk_chunk(p, walk, c);
-    return (ci.count + st::kK - 1) / st::kK;
-  };
-  const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + walk.row * p.seq_sb : nullptr;
-
-  // Producer cursor.
+  // Producer cursor over (chunk, step of KS tokens).
   int64_t ld_c = 0;
   int ld_k = 0;
   auto issue_next = [&](int stage_idx) {
     if (ld_c < walk.nchunks) {
       const ChunkInfo ci = walk_chunk(p, walk, ld_c);
+      const int t0 = ld_k * KS;
+      char* stage = smem + stage_idx * Tl::kStageBytes;
+      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tl::LayoutX{});
+      Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage + Tl::kXBytes)), typename Tl::LayoutB{});
+      const T* xg = static_cast<const T*>(p.x) + ci.row * p.x_sb + (ci.tok0 + t0) * p.x_st + h * p.x_sh + p0;
+      const T* bg = static_cast<const T*>(p.B) + ci.row * p.B_sb + (ci.tok0 + t0) * p.B_st + grp * p.B_sg + n0;
+      const int valid = ci.count - t0;  // tokens of this step that exist (may exceed KS)
+#pragma unroll
+      for (int it = 0; it < st::kP * KS / 8 / st::kThreads; ++it) {
+        const int v = tid + it * st::kThreads;
+        const int t = v / (st::kP / 8), c = (v % (st::kP / 8)) * 8;
+        const bool ok = t < valid;
+        cp_async_16(&sX(c, t), ok ? xg + t * p.x_st + c : xg, ok);
+      }
+#pragma unroll
+      for (int it = 0; it < NT * KS / 8 / st::kThreads; ++it) {
+        const int v = tid + it * st::kThreads;
+        const int t = v / (NT / 8), c = (v % (NT / 8)) * 8;
+        const bool ok = t < valid && (n0 + c) < p.dstate;
+        cp_async_16(&sB(c, t), ok ? bg + t * p.B_st + c : bg, ok);
+      }
       const int64_t g = walk.g0 + ld_c;
-      const int64_t off = cum_offset(p, walk.row, h, g);
-      const int32_t* seq = seq_row != nullptr ? seq_row + ci.tok0 * p.seq_st : nullptr;
-      st::issue_step<T, NT>(p, smem + stage_idx * Tl::kStageBytes, ci, ld_k * st::kK, h, p0, n0, p.cum + off,
-                            p.dtp + off, seq, p.chunk - 1);
-      if (++ld_k == steps_of(ld_c)) { ld_k = 0; ++ld_c; }
+      const float* w = p.wst + cum_offset(p, walk.row, h, g) + t0;
+      if (tid < KS / 4) cp_async_16(stage + Tl::kWOffset + tid * 16, w + tid * 4, true);
+      if (tid == KS / 4 && ld_k == 0) {
+        st::cp_async_4(stage + Tl::kCarryOffset, p.carry + carry_offset(p, walk.row, h, g), true);
+      }
+      if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
     }
     cp_async_commit();
   };
@@ -96,42 +132,55 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue_next(s);
 
-  int32_t seq_prev = 0;  // seq_idx of the previous chunk's last token (0 before the first)
   int stage = 0;
   const DType sd = p.state_dtype;
   const int64_t esz = dtype_size_dev(sd);
   for (int64_t c = 0; c < walk.nchunks; ++c) {
     const ChunkInfo ci = walk_chunk(p, walk, c);
-    const int nsteps = (ci.count + st::kK - 1) / st::kK;
-    (void)steps_per_chunk;
+    const int nsteps = (ci.count + KS - 1) / KS;
     for (int k = 0; k < nsteps; ++k) {
       cp_async_wait<kStages - 2>();
       __syncthreads();  // stage `stage` landed for all threads; the previous stage is free
       issue_next((stage + kStages - 1) % kStages);
       char* sp = smem + stage * Tl::kStageBytes;
-      const st::StageMeta m = st::stage_meta<T, NT>(sp);
-      const float c_last = *m.cum_last;
-      const bool use_seq = seq_row != nullptr;
-      const int32_t seq_last = use_seq ? *m.seq_last : 0;
-      st::scale_b<T, NT>(sp, k * st::kK, 0, ci.count - 1, c_last, use_seq, seq_last);
+      // B *= w per token (w is 0 on padding and on tokens of an earlier sequence).
+      {
+        Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp + Tl::kXBytes)), typename Tl::LayoutB{});
+        const float* sw = reinterpret_cast<const float*>(sp + Tl::kWOffset);
+#pragma unroll
+        for (int it = 0; it < NT * KS / 8 / st::kThreads; ++it) {
+          const int v = tid + it * st::kThreads;
+          const int t = v / (NT / 8), cc = (v % (NT / 8)) * 8;
+          const float w = sw[t];
+          T* ptr = &sB(cc, t);
+          uint4 raw = *reinterpret_cast<uint4*>(ptr);
+          T* vals = reinterpret_cast<T*>(&raw);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) vals[e] = from_float<T>(to_float<T>(vals[e]) * w);
+          *reinterpret_cast<uint4*>(ptr) = raw;
+        }
+      }
       fence_async_shared();
       __syncthreads();
       if (k == 0) {
-        // Decay of the carried state over this chunk (zero when a new sequence starts in it).
-        const float carry = (!use_seq || seq_last == seq_prev) ? fast_exp2(fminf(c_last, 0.0f)) : 0.0f;
-        seq_prev = seq_last;
+        const float carry = *reinterpret_cast<const float*>(sp + Tl::kCarryOffset);
 #pragma unroll
         for (int v = 0; v < size(acc); ++v) acc(v) *= carry;
       }
-      st::mma_step<T, NT>(sp, acc);
+      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp)), typename Tl::LayoutX{});
+      Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp + Tl::kXBytes)), typename Tl::LayoutB{});
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      gemm(mma, thr.partition_fragment_A(sX), thr.partition_fragment_B(sB), acc);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc);
       stage = (stage + 1) % kStages;
     }
     // The state after chunk c.
-    if (p.states != nullptr) {
-      const int64_t g = walk.g0 + c;
-      char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + g * p.st_sc + h * p.st_sh) * esz;
-      st::store_tile(acc, dst, sd, p.st_sp, p0, n0, p);
-    }
+    const int64_t g = walk.g0 + c;
+    char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + g * p.st_sc + h * p.st_sh) * esz;
+    st::store_tile(acc, dst, sd, p.st_sp, p0, n0, p);
   }
   cp_async_wait<0>();
   if (p.final_states != nullptr) {
@@ -141,11 +190,11 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
   }
 }
 
-template <class T, int NT, int kStages>
+template <class T, int NT, int KS, int kStages>
 void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
-  using Tl = st::Tiles<T, NT>;
+  using Tl = PassTiles<T, NT, KS>;
   const int smem = kStages * Tl::kStageBytes + 1024;
-  auto kernel = fwd_pass_state_kernel<T, NT, kStages>;
+  auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages>;
   static bool attr_set = false;  // per instantiation; cudaFuncSetAttribute is not a stream op
   if (!attr_set) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -159,6 +208,13 @@ void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launch fwd_pass_state");
 }
 
+template <class T, int NT>
+void launch_steps(const SsdParams& p, int64_t walks, cudaStream_t stream) {
+  // Whole chunks per step where they fit (fewer barrier rounds per token); 64 for Q = 64.
+  if (p.chunk == 64) launch_typed<T, NT, 64, 4>(p, walks, stream);
+  else launch_typed<T, NT, 128, 3>(p, walks, stream);
+}
+
 }  // namespace
 
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream) {
@@ -166,11 +222,11 @@ void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaS
   if (walks == 0) return;
   const bool fp16 = p.fp16;
   if (cfg.dstate_tile == 32) {
-    if (fp16) launch_typed<cutlass::half_t, 32, 4>(p, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 32, 4>(p, walks, stream);
+    if (fp16) launch_steps<cutlass::half_t, 32>(p, walks, stream);
+    else launch_steps<cutlass::bfloat16_t, 32>(p, walks, stream);
   } else {
-    if (fp16) launch_typed<cutlass::half_t, 64, 4>(p, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 64, 4>(p, walks, stream);
+    if (fp16) launch_steps<cutlass::half_t, 64>(p, walks, stream);
+    else launch_steps<cutlass::bfloat16_t, 64>(p, walks, stream);
   }
 }
 

@@ -19,9 +19,9 @@ struct PassStateConfig {
   int dstate_tile = 64;
 };
 
-// compute_out: pipeline depth of the tile ring.
+// compute_out: heads of one group served by one CTA (C B^T is computed once for them).
 struct ComputeOutConfig {
-  int stages = 3;
+  int heads_per_cta = 8;
 };
 
 // varlen layout: chunk_offsets[i] = sum_{k<i} ceil(len_k / Q) (one CTA).
