@@ -121,7 +121,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+// v * sigmoid(v) with the fast division (no IEEE slow path): exp(-v) = inf gives 0, as it should.
+__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
 
 // ------------------------------------------------------------------ async copies (sm80+)
 // 16-byte global->shared copy; `valid == false` fills the 16 bytes with zeros and reads nothing.

@@ -46,11 +46,11 @@ struct Traits {
 };
 
 // Shared-memory plan: [C_m: nk slices][CB: mb blocks of 64x64 fp32][kStages stages]
-// [cum: hb x Q][dt': hb x Q][seq_idx: Q]; tiles 1024-aligned.
+// [cum: hb x Q][dt': hb x Q][D: hb x P][seq_idx: Q]; tiles 1024-aligned.
 template <class T, int P, int kStages>
 __host__ __device__ constexpr int smem_bytes(int nk, int q, int hb) {
   return 1024 + nk * Traits<T, P>::kSliceBytes + (q / kM) * kM * kN * 4 + kStages * Traits<T, P>::kStageBytes +
-         (2 * hb + 1) * q * 4;
+         (2 * hb + 1) * q * 4 + hb * P * 4;
 }
 
 template <class Mma, class TA, class TB, class Acc>
@@ -63,11 +63,29 @@ __device__ __forceinline__ void wgmma_sync(Mma& mma, TA const& a, TB const& b, A
   warpgroup_fence_operand(acc);
 }
 
+// Rarely used paths kept out of line so the main loop stays small (instruction cache):
+// a previous state in another dtype than the compute type (fp32 chunk states or initial states).
+template <class T, int P>
+__device__ __noinline__ void load_h_convert(char* stage, const char* hbase, DType dtype, int64_t sp, int ks,
+                                            int dstate, uint32_t off_k, int r_k, int c_k) {
+#pragma unroll 1
+  for (int it = 0; it < P / 16; ++it) {
+    const int r = r_k + 16 * it;
+    const int n = ks * kN + c_k;
+    uint4 raw;
+    T* vals = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vals[e] = from_float<T>(n + e < dstate ? load_any(hbase, dtype, r * sp + n + e) : 0.0f);
+    *reinterpret_cast<uint4*>(stage + off_k + it * 2048) = raw;
+  }
+}
+
 template <class T, int P, int kStages>
 __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p, const int hb) {
   using Tr = Traits<T, P>;
   extern __shared__ __align__(1024) char smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // 1024-byte alignment by pointer arithmetic (keeps the shared address space visible).
+  char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
 
   // ---- which tile: (row, chunk, 64-token block m, group, slice of hb heads of the group)
   const int64_t mb = p.chunk / kM;
@@ -96,17 +114,36 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
   char* s_stages = reinterpret_cast<char*>(s_cb + mb * kM * kN);
   float* s_cum = reinterpret_cast<float*>(s_stages + kStages * Tr::kStageBytes);  // [hb][q]
   float* s_dtp = s_cum + hb * q;                                                     // [hb][q]
-  int32_t* s_seq = reinterpret_cast<int32_t*>(s_dtp + hb * q);                       // [q]
+  float* s_d = s_dtp + hb * q;                                                       // [hb][P]
+  int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + hb * P);                         // [q]
 
-  // ---- prologue: C_m (all dstate slices), cum and dt' of the heads, seq_idx of the chunk
-  for (int v = tid; v < nk * kM * kN / 8; v += kThreads) {
-    const int ks = v / (kM * kN / 8), w = v % (kM * kN / 8);
-    const int r = w / (kN / 8), c = (w % (kN / 8)) * 8;
-    const int t = m * kM + r, n = ks * kN + c;
-    Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + ks * Tr::kSliceBytes)), typename Tr::LayoutC{});
-    const bool ok = t < ci.count && n < p.dstate;
-    cp_async_16(&sC(r, c), ok ? Cg + t * p.C_st + n : Cg, ok);
+  // ---- per-thread copy plans. Thread v = tid + 128 * it copies the 16-byte vector at
+  // (row v / (cols / 8), column 8 * (v % (cols / 8))); its shared offset then advances by
+  // 2048 bytes per iteration in every tile layout used here (tests/cpp/test_tile_layouts.cu).
+  const int r_k = tid / 8, c_k = (tid % 8) * 8;  // K-major tiles with 64 columns (C, B, H slices)
+  uint32_t off_k, off_x;
+  {
+    Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem)), typename Tr::LayoutC{});
+    off_k = static_cast<uint32_t>(reinterpret_cast<char*>(&sC(r_k, c_k)) - smem);
   }
+  constexpr int kXVec = P / 8;                             // vectors per X row (token)
+  const int s_x = tid / kXVec, p_x = (tid % kXVec) * 8;    // X_j: (p, token), MN-major
+  {
+    Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem)), typename Tr::LayoutX{});
+    off_x = static_cast<uint32_t>(reinterpret_cast<char*>(&sX(p_x, s_x)) - smem);
+  }
+
+  // ---- prologue: C_m (all dstate slices), cum / dt' / D of the heads, seq_idx of the chunk
+#pragma unroll 1
+  for (int ks = 0; ks < nk; ++ks) {
+#pragma unroll
+    for (int it = 0; it < kM / 16; ++it) {
+      const int t = m * kM + r_k + 16 * it, n = ks * kN + c_k;
+      const bool ok = t < ci.count && n < p.dstate;
+      cp_async_16(s_c + ks * Tr::kSliceBytes + off_k + it * 2048, ok ? Cg + t * p.C_st + n : Cg, ok);
+    }
+  }
+#pragma unroll 1
   for (int v = tid; v < nh * q / 4; v += kThreads) {
     const int hh = v / (q / 4), u = v % (q / 4);
     const int64_t off = cum_offset(p, ci.row, h0 + hh, g) + 4 * u;
@@ -114,12 +151,20 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
     cp_async_16(s_dtp + hh * q + 4 * u, p.dtp + off, true);
   }
   if (seq_row != nullptr) {
+#pragma unroll 1
     for (int t = tid; t < q; t += kThreads) {
       const bool ok = t < ci.count;
       cp_async_4(s_seq + t, ok ? seq_row + (ci.tok0 + t) * p.seq_st : seq_row, ok);
     }
   }
   cp_async_commit();
+  if (p.D != nullptr) {
+#pragma unroll 1
+    for (int v = tid; v < nh * P; v += kThreads) {
+      const int hh = v / P, c = v % P;
+      s_d[v] = p.D[(h0 + hh) * p.D_sh + c * p.D_sp];
+    }
+  }
 
   // ---- the state entering this chunk (same place for every head, offset by the head)
   const char* prev_base = nullptr;
@@ -136,7 +181,8 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
     prev_sp = p.init_sp;
     prev_sh = p.init_sh;
   }
-  const DType compute_dtype = p.fp16 ? DType::kFloat16 : DType::kBFloat16;
+  const bool prev_native = prev_dtype == (p.fp16 ? DType::kFloat16 : DType::kBFloat16);
+  const int prev_esz = dtype_size_dev(prev_dtype);
   const int32_t seq_prev = (seq_row != nullptr && ci.local > 0) ? seq_row[(ci.tok0 - 1) * p.seq_st] : 0;
 
   // ---- steps: CB phase [B_j slice ks for j <= m, ks < nk], then per head [H slices][X_0..X_m]
@@ -145,57 +191,48 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
   const int per_head = n_a + m + 1;
   const int nsteps = n_cb + nh * per_head;
 
+  // Per-thread global pointers of the copies (64-bit math once, not per copy).
+  const T* b_thr = Bg + r_k * p.B_st + c_k;                   // + (j*64 + 16*it) rows, + ks*64 cols
+  const T* x_thr = Xrow + s_x * p.x_st + p_x;                  // + h heads, + (j*64 + it*rows) rows
+  const int64_t b_step = 16 * p.B_st;
+  const int64_t x_step = (kThreads / kXVec) * p.x_st;
   auto issue = [&](int i) {
     if (i < nsteps) {
       char* stage = s_stages + (i % kStages) * Tr::kStageBytes;
       if (i < n_cb) {
         const int j = i / nk, ks = i % nk;
-        Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutB{});
-        for (int v = tid; v < kN * kN / 8; v += kThreads) {
-          const int r = v / (kN / 8), c = (v % (kN / 8)) * 8;
-          const int s = j * kN + r, n = ks * kN + c;
-          const bool ok = s < ci.count && n < p.dstate;
-          cp_async_16(&sB(r, c), ok ? Bg + s * p.B_st + n : Bg, ok);
+        const bool col_ok = ks * kN + c_k < p.dstate;
+        const T* src = b_thr + j * kN * p.B_st + ks * kN;
+#pragma unroll
+        for (int it = 0; it < kN / 16; ++it) {
+          const bool ok = col_ok && j * kN + r_k + 16 * it < ci.count;
+          cp_async_16(stage + off_k + it * 2048, ok ? src + it * b_step : Bg, ok);
         }
       } else {
         const int rr = i - n_cb;
         const int64_t h = h0 + rr / per_head;
         const int qq = rr % per_head;
         if (qq < n_a) {
-          const int ks = qq;
-          Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutH{});
-          const char* hbase = prev_base + h * prev_sh * dtype_size_dev(prev_dtype);
-          if (prev_dtype == compute_dtype) {
-            const T* src = reinterpret_cast<const T*>(hbase);
-            for (int v = tid; v < P * kN / 8; v += kThreads) {
-              const int r = v / (kN / 8), c = (v % (kN / 8)) * 8;
-              const int n = ks * kN + c;
-              const bool ok = n < p.dstate;
-              cp_async_16(&sH(r, c), ok ? src + r * prev_sp + n : src, ok);
+          const char* hbase = prev_base + h * prev_sh * prev_esz;
+          if (prev_native) {
+            const int n = qq * kN + c_k;
+            const bool ok = n < p.dstate;
+            const T* src = reinterpret_cast<const T*>(hbase) + r_k * prev_sp + n;
+            const int64_t h_step = 16 * prev_sp;
+#pragma unroll
+            for (int it = 0; it < P / 16; ++it) {
+              cp_async_16(stage + off_k + it * 2048, ok ? src + it * h_step : Bg, ok);
             }
           } else {
-            // Another dtype (fp32 states): convert through registers.
-            for (int v = tid; v < P * kN / 8; v += kThreads) {
-              const int r = v / (kN / 8), c = (v % (kN / 8)) * 8;
-              const int n = ks * kN + c;
-              uint4 raw;
-              T* vals = reinterpret_cast<T*>(&raw);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) {
-                vals[e] = from_float<T>(n < p.dstate ? load_any(hbase, prev_dtype, r * prev_sp + n + e) : 0.0f);
-              }
-              *reinterpret_cast<uint4*>(&sH(r, c)) = raw;
-            }
+            load_h_convert<T, P>(stage, hbase, prev_dtype, prev_sp, qq, p.dstate, off_k, r_k, c_k);
           }
         } else {
           const int j = qq - n_a;
-          const T* Xg = Xrow + h * p.x_sh;
-          Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutX{});
-          for (int v = tid; v < kN * P / 8; v += kThreads) {
-            const int r = v / (P / 8), c = (v % (P / 8)) * 8;
-            const int s = j * kN + r;
-            const bool ok = s < ci.count;
-            cp_async_16(&sX(c, r), ok ? Xg + s * p.x_st + c : Xg, ok);
+          const T* src = x_thr + h * p.x_sh + j * kN * p.x_st;
+#pragma unroll
+          for (int it = 0; it < kN * kXVec / kThreads; ++it) {
+            const bool ok = j * kN + s_x + it * (kThreads / kXVec) < ci.count;
+            cp_async_16(stage + off_x + it * 2048, ok ? src + it * x_step : Bg, ok);
           }
         }
       }
@@ -203,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
     cp_async_commit();
   };
 
-#pragma unroll
+#pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) issue(s);
 
   typename Tr::MmaCB mma_cb;
@@ -212,88 +249,88 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
   auto thr_cb = mma_cb.get_slice(tid);
   auto thr_ch = mma_ch.get_slice(tid);
   auto thr_sx = mma_sx.get_slice(tid);
-  int i = 0;
-  // Waits for step i's tiles (and the prologue), frees the previous stage, issues step i+S-1.
-  auto begin_step = [&]() -> char* {
+  const bool have_seq = seq_row != nullptr;
+
+  // One loop over all steps (a single copy of the load code): wait for step i's tiles (and the
+  // prologue), free the previous stage, issue step i + kStages - 1, then work on step i.
+  Tensor cb = partition_fragment_C(mma_cb, Shape<Int<kM>, Int<kN>>{});   // (64 x 64) fp32
+  Tensor acc = partition_fragment_C(mma_ch, Shape<Int<kM>, Int<P>>{});   // (64 x P) fp32
+  Tensor s_frag = make_tensor<T>(partition_shape_A(mma_sx, Shape<Int<kM>, Int<kN>>{}));
+  static_assert(decltype(size(s_frag))::value == kM * kN / kThreads, "S fragment size");
+  constexpr int kAccVals = decltype(size(acc))::value;
+  const int t0 = m * kM + acc_row(0), t1 = m * kM + acc_row(2);
+  constexpr bool kPrefetchZ = P == 64;  // P = 128: registers go to the accumulator instead
+  uint32_t zraw[kPrefetchZ ? kAccVals / 2 : 1];
+  const bool io16 = p.io_dtype != DType::kFloat32;
+  int hh = 0, qq = 0;  // head-phase position
+
+#pragma unroll 1
+  for (int i = 0; i < nsteps; ++i) {
     cp_async_wait<kStages - 2>();
     fence_async_shared();
     __syncthreads();
     issue(i + kStages - 1);
-    return s_stages + (i % kStages) * Tr::kStageBytes;
-  };
+    char* stage = s_stages + (i % kStages) * Tr::kStageBytes;
 
-  // ---- CB phase: C_m B_j^T for every source block, kept in shared memory in fragment order
-  // (each thread later reads back exactly the values it wrote).
-  {
-    Tensor cb = partition_fragment_C(mma_cb, Shape<Int<kM>, Int<kN>>{});  // (64 x 64) fp32
-    for (int j = 0; j <= m; ++j) {
-      clear(cb);
-      for (int ks = 0; ks < nk; ++ks, ++i) {
-        char* stage = begin_step();
-        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + ks * Tr::kSliceBytes)), typename Tr::LayoutC{});
-        Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutB{});
-        wgmma_sync(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb);
-      }
+    if (i < n_cb) {
+      // ---- C_m B_j^T, kept in shared memory in fragment order (each thread later reads back
+      // exactly the values it wrote, so no barrier is needed).
+      const int j = i / nk, ks = i % nk;
+      if (ks == 0) clear(cb);
+      Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + ks * Tr::kSliceBytes)), typename Tr::LayoutC{});
+      Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutB{});
+      wgmma_sync(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb);
+      if (ks == nk - 1) {
 #pragma unroll
-      for (int v = 0; v < size(cb); ++v) s_cb[(j * size(cb) + v) * kThreads + tid] = cb(v);
+        for (int v = 0; v < size(cb); ++v) s_cb[(j * size(cb) + v) * kThreads + tid] = cb(v);
+      }
+      continue;
     }
-  }
 
-  // ---- head phase
-  Tensor acc = partition_fragment_C(mma_ch, Shape<Int<kM>, Int<P>>{});  // (64 x P) fp32
-  Tensor s_frag = make_tensor<T>(partition_shape_A(mma_sx, Shape<Int<kM>, Int<kN>>{}));
-  static_assert(decltype(size(s_frag))::value == kM * kN / kThreads, "S fragment size");
-  constexpr int kAccVals = decltype(size(acc))::value;
-  const int r0 = acc_row(0), r1 = acc_row(2);
-  const int t0 = m * kM + r0, t1 = m * kM + r1;
-  const bool io_fp32 = p.io_dtype == DType::kFloat32;
-  const bool have_seq = seq_row != nullptr;
-
-  for (int hh = 0; hh < nh; ++hh) {
     const int64_t h = h0 + hh;
     const float* cum_h = s_cum + hh * q;
-    const float* dtp_h = s_dtp + hh * q;
-    // Prefetch this head's gate into registers (consumed in the epilogue).
-    // (P = 128: the registers are better spent on the accumulator; z is read in the epilogue.)
-    uint32_t zraw[kAccVals / 2];
-    const bool have_z = P == 64 && p.z != nullptr && !io_fp32;
-    if (have_z) {
-      const T* zg = static_cast<const T*>(p.z) + ci.row * p.z_sb + ci.tok0 * p.z_st + h * p.z_sh;
+    if (qq == 0) {
+      clear(acc);
+      if constexpr (kPrefetchZ) {
+        // This head's gate, into registers now, used in the epilogue.
+        if (p.z != nullptr && io16) {
+          const T* zg = static_cast<const T*>(p.z) + ci.row * p.z_sb + ci.tok0 * p.z_st + h * p.z_sh;
 #pragma unroll
-      for (int v = 0; v < kAccVals; v += 2) {
-        const int t = m * kM + acc_row(v);
-        zraw[v / 2] = t < ci.count ? *reinterpret_cast<const uint32_t*>(zg + t * p.z_st + acc_col(v)) : 0u;
+          for (int v = 0; v < kAccVals; v += 2) {
+            const int t = m * kM + acc_row(v);
+            zraw[v / 2] = t < ci.count ? *reinterpret_cast<const uint32_t*>(zg + t * p.z_st + acc_col(v)) : 0u;
+          }
+        }
       }
     }
-    clear(acc);
-    for (int ks = 0; ks < n_a; ++ks, ++i) {
-      char* stage = begin_step();
-      Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + ks * Tr::kSliceBytes)), typename Tr::LayoutC{});
+    if (qq < n_a) {
+      // ---- acc += C_m H_prev^T over one dstate slice
+      Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + qq * Tr::kSliceBytes)), typename Tr::LayoutC{});
       Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutH{});
       wgmma_sync(mma_ch, thr_ch.partition_fragment_A(sC), thr_ch.partition_fragment_B(sH), acc);
-    }
-    if (n_a > 0) {
-      // Decay from the chunk start to each token; tokens of another sequence see no state.
-      float f0 = fast_exp2(fminf(cum_h[t0], 0.0f));
-      float f1 = fast_exp2(fminf(cum_h[t1], 0.0f));
-      if (have_seq) {
-        if (s_seq[t0] != seq_prev) f0 = 0.0f;
-        if (s_seq[t1] != seq_prev) f1 = 0.0f;
-      }
+      if (qq == n_a - 1) {
+        // Decay from the chunk start to each token; tokens of another sequence see no state.
+        float f0 = fast_exp2(fminf(cum_h[t0], 0.0f));
+        float f1 = fast_exp2(fminf(cum_h[t1], 0.0f));
+        if (have_seq) {
+          if (s_seq[t0] != seq_prev) f0 = 0.0f;
+          if (s_seq[t1] != seq_prev) f1 = 0.0f;
+        }
 #pragma unroll
-      for (int v = 0; v < kAccVals; ++v) acc(v) *= ((v >> 1) & 1) ? f1 : f0;
-    }
-    const float ct0 = cum_h[t0], ct1 = cum_h[t1];
-    for (int j = 0; j <= m; ++j, ++i) {
-      char* stage = begin_step();
+        for (int v = 0; v < kAccVals; ++v) acc(v) *= ((v >> 1) & 1) ? f1 : f0;
+      }
+    } else {
+      // ---- acc += S X_j with S = masked, decayed C_m B_j^T rounded to T (register A operand)
+      const int j = qq - n_a;
+      const float* dtp_h = s_dtp + hh * q;
+      const float ct0 = cum_h[t0], ct1 = cum_h[t1];
       const int32_t q0 = have_seq ? s_seq[t0] : 0;
       const int32_t q1 = have_seq ? s_seq[t1] : 0;
 #pragma unroll
       for (int v = 0; v < size(s_frag); ++v) {
         const bool hi = (v >> 1) & 1;
         const int s = j * kN + acc_col(v);
-        const int t = hi ? t1 : t0;
-        bool keep = (j < m) || (s <= t);
+        bool keep = (j < m) || (s <= (hi ? t1 : t0));
         if (have_seq) keep = keep && (s_seq[s] == (hi ? q1 : q0));
         const float f = keep ? fast_exp2(fminf((hi ? ct1 : ct0) - cum_h[s], 0.0f)) * dtp_h[s] : 0.0f;
         // The fragment orders of a 64x64 fp32 accumulator and of a 64x64 16-bit A operand
@@ -303,41 +340,63 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
       Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutX{});
       warpgroup_fence_operand(s_frag);
       wgmma_sync(mma_sx, s_frag, thr_sx.partition_fragment_B(sX), acc);
-      if (j < m) continue;
 
-      // ---- epilogue of head h: (acc + D x) * silu(z) -> out; x_m is this stage's tile.
+      if (j == m) {
+        // ---- epilogue of head h: (acc + D x) * silu(z) -> out; x_m is this stage's tile.
+        const float* s_dh = s_d + hh * P;
+        const int64_t tok_base = ci.row * p.out_sb + ci.tok0 * p.out_st + h * p.out_sh;
 #pragma unroll
-      for (int v = 0; v < kAccVals; v += 2) {
-        const int r = acc_row(v), c = acc_col(v);
-        const int t = m * kM + r;
-        if (t >= ci.count) continue;
-        float y0 = acc(v), y1 = acc(v + 1);
-        if (p.D != nullptr) {
-          const float d0 = p.D[h * p.D_sh + c * p.D_sp], d1 = p.D[h * p.D_sh + (c + 1) * p.D_sp];
-          float x0, x1;
-          if (io_fp32) {
-            const float* xr = p.x_f32 + ci.row * p.xf_sb + (ci.tok0 + t) * p.xf_st + h * p.xf_sh + c;
-            x0 = xr[0];
-            x1 = xr[1];
-          } else {
-            x0 = to_float(sX(c, r));
-            x1 = to_float(sX(c + 1, r));
+        for (int v = 0; v < kAccVals; v += 2) {
+          const int r = acc_row(v), c = acc_col(v);
+          const int t = m * kM + r;
+          if (t >= ci.count) continue;
+          float y0 = acc(v), y1 = acc(v + 1);
+          if (p.D != nullptr) {
+            float x0, x1;
+            if (io16) {
+              const uint32_t xw = *reinterpret_cast<const uint32_t*>(&sX(c, r));
+              const T* xv = reinterpret_cast<const T*>(&xw);
+              x0 = to_float(xv[0]);
+              x1 = to_float(xv[1]);
+            } else {  // fp32 inputs: the residual in fp32, from the original x
+              const float2 xf = *reinterpret_cast<const float2*>(
+                  p.x_f32 + ci.row * p.xf_sb + (ci.tok0 + t) * p.xf_st + h * p.xf_sh + c);
+              x0 = xf.x;
+              x1 = xf.y;
+            }
+            y0 += s_dh[c] * x0;
+            y1 += s_dh[c + 1] * x1;
           }
-          y0 += d0 * x0;
-          y1 += d1 * x1;
+          if (p.z != nullptr) {
+            float z0, z1;
+            if (io16) {
+              uint32_t zw;
+              if constexpr (kPrefetchZ) zw = zraw[v / 2];
+              else zw = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.z) + ci.row * p.z_sb +
+                                                           (ci.tok0 + t) * p.z_st + h * p.z_sh + c);
+              const T* zv = reinterpret_cast<const T*>(&zw);
+              z0 = to_float(zv[0]);
+              z1 = to_float(zv[1]);
+            } else {
+              const float2 zf = *reinterpret_cast<const float2*>(static_cast<const float*>(p.z) + ci.row * p.z_sb +
+                                                                 (ci.tok0 + t) * p.z_st + h * p.z_sh + c);
+              z0 = zf.x;
+              z1 = zf.y;
+            }
+            y0 *= silu(z0);
+            y1 *= silu(z1);
+          }
+          const int64_t o = tok_base + t * p.out_st + c;
+          if (io16) {
+            T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + o) = *reinterpret_cast<const uint32_t*>(pair);
+          } else {
+            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + o) = make_float2(y0, y1);
+          }
         }
-        if (have_z) {
-          const T* zp = reinterpret_cast<const T*>(&zraw[v / 2]);
-          y0 *= silu(to_float(zp[0]));
-          y1 *= silu(to_float(zp[1]));
-        } else if (p.z != nullptr) {
-          const float2 zv = load2_any(p.z, p.io_dtype, ci.row * p.z_sb + (ci.tok0 + t) * p.z_st + h * p.z_sh + c);
-          y0 *= silu(zv.x);
-          y1 *= silu(zv.y);
-        }
-        store2_any(p.out, p.io_dtype, ci.row * p.out_sb + (ci.tok0 + t) * p.out_st + h * p.out_sh + c, y0, y1);
       }
     }
+    if (++qq == per_head) { qq = 0; ++hh; }
   }
   cp_async_wait<0>();
 }

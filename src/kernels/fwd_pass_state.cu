@@ -91,6 +91,26 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
     clear(acc);
   }
 
+  // Per-thread copy plans: thread v = tid + 128 * it copies the 16-byte vector at token
+  // v / (cols / 8), column 8 * (v % (cols / 8)); the shared offset advances by 2048 bytes per
+  // iteration in these layouts (tests/cpp/test_tile_layouts.cu). Pointers: 64-bit math once.
+  constexpr int kXVec = st::kP / 8, kBVec = NT / 8;
+  const int tx = tid / kXVec, cx = (tid % kXVec) * 8;
+  const int tb = tid / kBVec, cb = (tid % kBVec) * 8;
+  uint32_t off_x, off_b;
+  {
+    Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem)), typename Tl::LayoutX{});
+    Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem + Tl::kXBytes)), typename Tl::LayoutB{});
+    off_x = static_cast<uint32_t>(reinterpret_cast<char*>(&sX(cx, tx)) - smem);
+    off_b = static_cast<uint32_t>(reinterpret_cast<char*>(&sB(cb, tb)) - smem);
+  }
+  const bool b_col_ok = n0 + cb < p.dstate;
+  const T* x_thr = static_cast<const T*>(p.x) + walk.row * p.x_sb + tx * p.x_st + h * p.x_sh + p0 + cx;
+  const T* b_thr = static_cast<const T*>(p.B) + walk.row * p.B_sb + tb * p.B_st + grp * p.B_sg + n0 + cb;
+  const int64_t x_step = (st::kThreads / kXVec) * p.x_st, b_step = (st::kThreads / kBVec) * p.B_st;
+  const float* w_walk = p.wst + cum_offset(p, walk.row, h, walk.g0);
+  const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
+
   // Producer cursor over (chunk, step of KS tokens).
   int64_t ld_c = 0;
   int ld_k = 0;
@@ -99,37 +119,30 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
       const ChunkInfo ci = walk_chunk(p, walk, ld_c);
       const int t0 = ld_k * KS;
       char* stage = smem + stage_idx * Tl::kStageBytes;
-      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tl::LayoutX{});
-      Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage + Tl::kXBytes)), typename Tl::LayoutB{});
-      const T* xg = static_cast<const T*>(p.x) + ci.row * p.x_sb + (ci.tok0 + t0) * p.x_st + h * p.x_sh + p0;
-      const T* bg = static_cast<const T*>(p.B) + ci.row * p.B_sb + (ci.tok0 + t0) * p.B_st + grp * p.B_sg + n0;
-      const int valid = ci.count - t0;  // tokens of this step that exist (may exceed KS)
+      const int64_t tok = ci.tok0 - walk.tok_begin + t0;  // token offset of the step in the walk
+      const int64_t tok_row = walk.tok_begin + tok;      // ... in the row
+      const int valid = ci.count - t0;                   // tokens of this step that exist
+      const T* xs = x_thr + tok_row * p.x_st;
+      const T* bs = b_thr + tok_row * p.B_st;
 #pragma unroll
       for (int it = 0; it < st::kP * KS / 8 / st::kThreads; ++it) {
-        const int v = tid + it * st::kThreads;
-        const int t = v / (st::kP / 8), c = (v % (st::kP / 8)) * 8;
-        const bool ok = t < valid;
-        cp_async_16(&sX(c, t), ok ? xg + t * p.x_st + c : xg, ok);
+        const bool ok = tx + it * (st::kThreads / kXVec) < valid;
+        cp_async_16(stage + off_x + it * 2048, ok ? xs + it * x_step : x_thr, ok);
       }
 #pragma unroll
       for (int it = 0; it < NT * KS / 8 / st::kThreads; ++it) {
-        const int v = tid + it * st::kThreads;
-        const int t = v / (NT / 8), c = (v % (NT / 8)) * 8;
-        const bool ok = t < valid && (n0 + c) < p.dstate;
-        cp_async_16(&sB(c, t), ok ? bg + t * p.B_st + c : bg, ok);
+        const bool ok = b_col_ok && tb + it * (st::kThreads / kBVec) < valid;
+        cp_async_16(stage + Tl::kXBytes + off_b + it * 2048, ok ? bs + it * b_step : b_thr, ok);
       }
-      const int64_t g = walk.g0 + ld_c;
-      const float* w = p.wst + cum_offset(p, walk.row, h, g) + t0;
+      const float* w = w_walk + ld_c * p.chunk + t0;
       if (tid < KS / 4) cp_async_16(stage + Tl::kWOffset + tid * 16, w + tid * 4, true);
-      if (tid == KS / 4 && ld_k == 0) {
-        st::cp_async_4(stage + Tl::kCarryOffset, p.carry + carry_offset(p, walk.row, h, g), true);
-      }
+      if (tid == KS / 4 && ld_k == 0) st::cp_async_4(stage + Tl::kCarryOffset, carry_walk + ld_c, true);
       if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
     }
     cp_async_commit();
   };
 
-#pragma unroll
+#pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) issue_next(s);
 
   int stage = 0;
@@ -145,14 +158,11 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
       char* sp = smem + stage * Tl::kStageBytes;
       // B *= w per token (w is 0 on padding and on tokens of an earlier sequence).
       {
-        Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp + Tl::kXBytes)), typename Tl::LayoutB{});
         const float* sw = reinterpret_cast<const float*>(sp + Tl::kWOffset);
 #pragma unroll
         for (int it = 0; it < NT * KS / 8 / st::kThreads; ++it) {
-          const int v = tid + it * st::kThreads;
-          const int t = v / (NT / 8), cc = (v % (NT / 8)) * 8;
-          const float w = sw[t];
-          T* ptr = &sB(cc, t);
+          const float w = sw[tb + it * (st::kThreads / kBVec)];
+          T* ptr = reinterpret_cast<T*>(sp + Tl::kXBytes + off_b + it * 2048);
           uint4 raw = *reinterpret_cast<uint4*>(ptr);
           T* vals = reinterpret_cast<T*>(&raw);
 #pragma unroll
@@ -211,8 +221,9 @@ void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
 template <class T, int NT>
 void launch_steps(const SsdParams& p, int64_t walks, cudaStream_t stream) {
   // Whole chunks per step where they fit (fewer barrier rounds per token); 64 for Q = 64.
-  if (p.chunk == 64) launch_typed<T, NT, 64, 4>(p, walks, stream);
-  else launch_typed<T, NT, 128, 3>(p, walks, stream);
+  // Enough stages that about 64-100 KB of loads are in flight per SM (one CTA per SM is common).
+  if (p.chunk == 64) launch_typed<T, NT, 64, 6>(p, walks, stream);
+  else launch_typed<T, NT, 128, 4>(p, walks, stream);
 }
 
 }  // namespace

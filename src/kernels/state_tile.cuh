@@ -178,18 +178,35 @@ __device__ __forceinline__ int acc_col(int v) {
   return 2 * (lane % 4) + (v & 1) + 8 * (v >> 2);
 }
 
+template <class E, class Acc>
+__device__ __forceinline__ void store_tile_as(const Acc& acc, E* base, int64_t sp, int p0, int n0, const SsdParams& p) {
+  constexpr int kVals = decltype(size(acc))::value;
+  E* row0 = base + (int64_t)(p0 + acc_row(0)) * sp + n0;
+  E* row1 = base + (int64_t)(p0 + acc_row(2)) * sp + n0;
+#pragma unroll
+  for (int v = 0; v < kVals; v += 2) {
+    const int c = acc_col(v);
+    if (n0 + c < p.dstate) {
+      E* dst = (((v >> 1) & 1) ? row1 : row0) + c;
+      if constexpr (sizeof(E) == 4) {
+        *reinterpret_cast<float2*>(dst) = make_float2(acc(v), acc(v + 1));
+      } else {
+        E pair[2] = {E(acc(v)), E(acc(v + 1))};
+        *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(pair);
+      }
+    }
+  }
+}
+
 // Stores the tile (rows p0.., cols n0..) to a [p][n] matrix of dtype `t` (row stride sp),
-// columns clipped at dstate.
+// columns clipped at dstate (headdim is a multiple of 64, so rows never are).
 template <class Acc>
 __device__ __forceinline__ void store_tile(const Acc& acc, void* base, DType t, int64_t sp, int p0, int n0,
                                            const SsdParams& p) {
-  constexpr int kVals = decltype(size(acc))::value;
-#pragma unroll
-  for (int v = 0; v < kVals; v += 2) {
-    const int r = acc_row(v), c = acc_col(v);
-    if (p0 + r < p.headdim && n0 + c < p.dstate) {
-      store2_any(base, t, (int64_t)(p0 + r) * sp + n0 + c, acc(v), acc(v + 1));
-    }
+  switch (t) {
+    case DType::kFloat32: store_tile_as(acc, static_cast<float*>(base), sp, p0, n0, p); break;
+    case DType::kBFloat16: store_tile_as(acc, static_cast<cutlass::bfloat16_t*>(base), sp, p0, n0, p); break;
+    default: store_tile_as(acc, static_cast<cutlass::half_t*>(base), sp, p0, n0, p); break;
   }
 }
 
