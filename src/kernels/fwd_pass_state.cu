@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
     Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem)), typename Tl::LayoutX{});
     Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem + Tl::kXBytes)), typename Tl::LayoutB{});
     off_x = static_cast<uint32_t>(reinterpret_cast<char*>(&sX(cx, tx)) - smem);
-    off_b = static_cast<uint32_t>(reinterpret_cast<char*>(&sB(cb, tb)) - smem);
+    off_b = static_cast<uint32_t>(reinterpret_cast<char*>(&sB(cb, tb)) - (smem + Tl::kXBytes));  // within the B tile
   }
   const bool b_col_ok = n0 + cb < p.dstate;
   const T* x_thr = static_cast<const T*>(p.x) + walk.row * p.x_sb + tx * p.x_st + h * p.x_sh + p0 + cx;
