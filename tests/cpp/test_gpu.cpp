@@ -389,6 +389,7 @@ TEST(Gpu, RandomShapesAndOptions) {
     if (c.layout == Layout::kVarlen) {
       const int nseq = static_cast<int>(rng.uniform_int(1, 6));
       for (int s = 0; s < nseq; ++s) c.seqlens.push_back(rng.coin(0.1) ? 0 : rng.uniform_int(1, 700));
+      if (std::all_of(c.seqlens.begin(), c.seqlens.end(), [](int64_t l) { return l == 0; })) c.seqlens[0] = 1;  // T >= 1
       c.want_chunk_offsets = rng.coin();
     } else {
       c.batch = rng.uniform_int(1, 3);

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Regenerates docs/PERFORMANCE.md from the results.json of bench/bench.py.
+
+  python3 bench/make_report.py OUT/results.json [MORE.json ...] [--doc docs/PERFORMANCE.md]
+
+Everything above the marker line `<!-- design-log -->` is rewritten; the marker and everything
+below it (the hand-written design log) are kept byte for byte. A new document gets an empty
+design log. Several JSON files (for example the anchor and the model sweeps run separately) are
+merged: their results are concatenated (a later file's point replaces an earlier one of the same
+sweep and name) and the run details of each are listed. The anchor plot is redrawn from the JSON
+next to the document (docs/performance-anchor.png) when matplotlib is there.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import results_io as rio  # noqa: E402
+
+MARKER = "<!-- design-log -->"
+REPO = os.path.dirname(HERE)
+DEFAULT_DOC = os.path.join(REPO, "docs", "PERFORMANCE.md")
+PLOT_NAME = "performance-anchor.png"
+
+DEFAULT_LOG = (
+    MARKER + "\n"
+    "## Design log\n\n"
+    "Hand-written: each version that mattered, what was predicted, what was measured and why it\n"
+    "differed. bench/make_report.py keeps everything from the marker line above to the end of the file.\n"
+)
+
+
+def merge(docs):
+    """(meta list, ceilings list, merged results, breakdown or None)."""
+    metas, ceils, results, bd = [], [], [], None
+    index = {}
+    for d in docs:
+        metas.append(d.get("meta") or {})
+        ceils.append(d.get("ceilings") or {})
+        for r in d.get("results") or []:
+            key = (r.get("sweep"), r.get("name"))
+            if key in index:
+                results[index[key]] = r
+            else:
+                index[key] = len(results)
+                results.append(r)
+        if d.get("breakdown"):
+            bd = d["breakdown"]
+    return metas, ceils, results, bd
+
+
+def _v(x, default="?"):
+    return default if x in (None, "") else x
+
+
+def run_lines(metas, ceils, sources):
+    out = []
+    for i, (m, c) in enumerate(zip(metas, ceils)):
+        ms = m.get("mamba_ssm") or {}
+        l2 = m.get("l2_bytes")
+        head = f"Run {i + 1} ({os.path.basename(sources[i])})" if len(metas) > 1 else "Run"
+        out.append(
+            f"- **{head}:** {_v(m.get('date_utc'))}; {_v(m.get('gpu'))}"
+            + (f" ({m.get('sm_count')} SMs, {l2 / 1e6:.0f} MB L2)" if m.get("sm_count") and l2 else "")
+            + f"; driver {_v(m.get('driver'))}; CUDA {_v(m.get('cuda_runtime'))}; torch {_v(m.get('torch'))}; "
+            f"triton {_v(m.get('triton'))}; Python {_v(m.get('python'))}; mamba2_ssd {_v(m.get('ours_version'), '(no version)')}; "
+            f"mamba_ssm {_v(ms.get('version'))} (Triton files from {_v(ms.get('found_by'))}); "
+            f"`bench/bench.py {' '.join(m.get('argv') or [])}`"
+            + (f"; {m['elapsed_s']:.0f} s" if isinstance(m.get("elapsed_s"), (int, float)) else ""))
+        if c:
+            out.append(
+                f"- **Ceilings{'' if len(metas) == 1 else f' (run {i + 1})'}** ({_v(c.get('source'))}): device copy "
+                f"{rio.fmt(c.get('copy_gbps', 0) / 1e3 if c.get('copy_gbps') else None, '{:.2f}')} TB/s "
+                f"(bytes read + written, 1 GiB torch copy), bf16 GEMM "
+                f"{rio.fmt(c.get('bf16_gemm_tflops'), '{:.0f}')} TFLOP/s (torch.matmul 8192^3, random data).")
+    return out
+
+
+def summary_table(summary):
+    out = ["| sweep | points timed | geomean speedup | seqlen >= 16K | eager geomean | worst point | best point "
+           "| ours %floor (geomean) | Triton %floor (geomean) |",
+           "|---|---:|---:|---:|---:|---|---|---:|---:|"]
+    for sw, s in summary.items():
+        w, b = s.get("worst"), s.get("best")
+        out.append(
+            f"| {sw} | {s.get('points_timed')}/{s.get('points')} | {rio.fmt_x(s.get('geomean_speedup'))} | "
+            f"{rio.fmt_x(s.get('geomean_speedup_ge16k')) if 'geomean_speedup_ge16k' in s else '-'} | "
+            f"{rio.fmt_x(s.get('geomean_speedup_eager'))} | "
+            f"{(rio.fmt_x(w['speedup']) + ' ' + w['name']) if w else '-'} | "
+            f"{(rio.fmt_x(b['speedup']) + ' ' + b['name']) if b else '-'} | "
+            f"{rio.fmt_pct(s.get('geomean_pct_floor_ours'))} | {rio.fmt_pct(s.get('geomean_pct_floor_triton'))} |")
+    return out
+
+
+def anchor_pivot(results):
+    rs = [rio.fill_derived(r) for r in results if r.get("sweep") == "anchor"]
+    if not rs:
+        return []
+    ns = sorted({r["n"] for r in rs})
+    ls = sorted({r["l"] for r in rs})
+    cell = {(r["n"], r["l"]): r for r in rs}
+    out = ["| dstate \\ seqlen | " + " | ".join(rio.seqlen_label(l) for l in ls) + " |",
+           "|---|" + "---:|" * len(ls)]
+    for n in ns:
+        cells = []
+        for l in ls:
+            r = cell.get((n, l))
+            if not r or r.get("speedup") is None:
+                cells.append("-" if not r else r.get("status", "-"))
+            else:
+                cells.append(f"**{rio.fmt_x(r['speedup'])}** ({rio.fmt_ms(r['ours']['graph_ms'])} / "
+                             f"{rio.fmt_ms(r['triton']['graph_ms'])})")
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return out
+
+
+SWEEP_TEXT = {
+    "anchor": ("Anchor sweep",
+               "batch 4, 8 heads, 1 group, headdim 64, chunk 128, bf16, `D` per head, `initial_states` "
+               "(fp32) and `return_final_states=True`; dstate x seqlen."),
+    "models": ("Model layers",
+               "Mamba-2 2.7B layer calls (80 heads, headdim 64, 1 group, dstate 128, chunk 256, `dt_bias` + "
+               "`dt_softplus=True`, `D` per head, `z=None` as with the gated RMSNorm, no initial or final "
+               "states: the training-path call of `mamba_ssm.modules.mamba2.Mamba2`), batch x seqlen; plus an "
+               "8-group layer (64 heads, headdim 64, dstate 64, chunk 256) at 8 x 4K."),
+    "shape": ("Other shapes", "Shapes given with `--shape`."),
+}
+
+METHOD = """\
+## How it is measured
+
+- **GPU time** (the `ms` columns and the speedup): one CUDA graph calls the implementation once on
+  each of several input sets in turn (enough sets that together they cover at least 4x the L2, so
+  a small shape does not run from the L2); the median over replays (time-budgeted, 0.3 s per
+  measurement by default) divided by the number of sets. Speedup = Triton time / our time.
+- **Eager time**: back-to-back calls from Python, `torch.cuda.synchronize()` around each batch,
+  median per-call time over the batches: what a caller without CUDA graphs sees (launch cost
+  included).
+- **First call**: wall time of the first call on a shape (compilation, autotuning). Triton
+  autotunes once per shape class (dstate, chunk, heads), on the first seqlen it sees.
+- **Error**: relative L2 norm `||got - ref|| / ||ref||` of `out` and of the final states against
+  `bench/ref_f64.py`, the chunked algorithm of docs/SEMANTICS.md in float64 on the GPU, on the
+  same bf16 inputs; only where batch x seqlen x heads <= 4M. Our output buffer is filled with NaN
+  before the checked call (`out=`), so an element left unwritten shows up as `nan`.
+- **Roofline floor** (`bench/roofline.py`): the larger of the fewest bytes over the measured copy
+  bandwidth and the useful matrix FLOPs over the measured bf16 GEMM rate. Fewest bytes: x, dt, B,
+  C, z, D, A, dt_bias and the initial states read once, `out` and the final states written once.
+  Useful FLOPs (2 per multiply-add), per chunk of q tokens, pairs = q(q+1)/2:
+  `2 n pairs g` (C B^T, causal half, once per group) + `2 p pairs h` (the masked S.X product)
+  + `2 n p q h` (C H^T; skipped for chunk 0 without initial states) + `2 p n q h` (X^T B state
+  update; skipped for a row's last chunk when the final states are not returned).
+  `%floor` = floor / GPU time. The baseline tables of DESIGN.md §3 counted dense products
+  instead (full Q x Q for CB and S.X, all products on every chunk); results.json keeps that
+  count as `flops_dense`.
+- **Per-kernel breakdown**: device time of each kernel from torch.profiler (CUDA activity) over
+  eager calls rotating over the input sets, per forward call; for Triton also each of its five
+  stages timed alone with CUDA events (launch gaps included). Each kernel's floor counts its own
+  reads and writes, intermediates included (Triton: fp32 chunk states out of `_chunk_state_fwd`,
+  states in C's dtype out of `_state_passing_fwd`, an fp32 CB matrix; ours: fp32 cum, dt', state weights and carries,
+  chunk states in the state dtype; see bench/roofline.py).
+"""
+
+
+def breakdown_section(bd):
+    if not bd:
+        return []
+    out = [f"## Per-kernel breakdown: {bd.get('name')}", ""]
+    if bd.get("error") and not (bd.get("ours") or bd.get("triton")):
+        return out + [f"Not measured: {str(bd['error']).strip().splitlines()[-1]}", ""]
+    fl = bd.get("floor") or {}
+    out.append(f"Options {bd.get('options')}; {bd.get('nsets', '?')} input sets; whole-call floor "
+               f"{rio.fmt_ms(fl.get('floor_ms'))} ms ({fl.get('bound', '?')}-bound).")
+    out.append("")
+    out.append(rio.breakdown_text(bd, markdown=True))
+    out.append("")
+    return out
+
+
+def render(docs, sources, plot_rel=None):
+    metas, ceils, results, bd = merge(docs)
+    summary = rio.summarize(results)
+    lines = [
+        "# Performance",
+        "",
+        "<!-- Generated by bench/make_report.py from the results.json of bench/bench.py. Everything above "
+        "the design-log marker is rewritten on each run: change the generator, not this part. -->",
+        "",
+        "`mamba2_ssd.mamba_chunk_scan_combined` against the Triton forward of mamba_ssm 2.3.2.post1 "
+        "(`mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`), on identical inputs in one "
+        "process on one GPU. Speedup = Triton time / our time (above 1: we are faster).",
+        "",
+    ]
+    lines += run_lines(metas, ceils, sources)
+    lines += ["", "## Summary", ""] + summary_table(summary) + [""]
+    for line in rio.summary_lines(summary):
+        lines.append(f"- {line}")
+    lines.append("")
+    order = [s for s in ("anchor", "models", "shape") if any(r.get("sweep") == s for r in results)]
+    order += [s for s in dict.fromkeys(r.get("sweep") for r in results) if s not in order]
+    for sw in order:
+        title, text = SWEEP_TEXT.get(sw, (sw, ""))
+        rs = [r for r in results if r.get("sweep") == sw]
+        lines += [f"## {title}", "", text, ""]
+        if sw == "anchor":
+            lines += ["Speedup (our ms / Triton ms), GPU time per call:", ""] + anchor_pivot(results) + [""]
+            if plot_rel:
+                lines += [f"![speedup and fraction of the roofline floor, anchor sweep]({plot_rel})", ""]
+        lines += [rio.markdown_table(rs), ""]
+    lines += breakdown_section(bd)
+    lines += [METHOD]
+    return "\n".join(lines).rstrip() + "\n\n"
+
+
+def render_placeholder():
+    return "\n".join([
+        "# Performance",
+        "",
+        "<!-- Generated by bench/make_report.py from the results.json of bench/bench.py. Everything above "
+        "the design-log marker is rewritten on each run: change the generator, not this part. -->",
+        "",
+        "No measurements yet. On the H200: `bash bench/run_on_device.sh` (see that script), then here:",
+        "`python3 bench/make_report.py <fetched OUT>/results.json`.",
+        "",
+        METHOD,
+    ]).rstrip() + "\n\n"
+
+
+def split_doc(text):
+    """(generated part, preserved part starting at the marker line) or (text, None) without marker."""
+    i = text.find(MARKER)
+    if i < 0:
+        return text, None
+    j = text.rfind("\n", 0, i) + 1   # start of the marker's line
+    return text[:j], text[j:]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", nargs="*", help="results.json written by bench/bench.py --out")
+    ap.add_argument("--placeholder", action="store_true",
+                    help="write the no-results version of the generated part (no JSON needed)")
+    ap.add_argument("--doc", default=DEFAULT_DOC, help="document to (re)write (default docs/PERFORMANCE.md)")
+    ap.add_argument("--no-plot", action="store_true", help="do not redraw the plot")
+    ap.add_argument("--force", action="store_true",
+                    help="rewrite a document that has no design-log marker (its text is moved below one)")
+    a = ap.parse_args(argv)
+    if not a.json and not a.placeholder:
+        ap.error("give one or more results.json files (or --placeholder)")
+    docs = [rio.load_json(p) for p in a.json]
+    preserved = None
+    if os.path.exists(a.doc):
+        with open(a.doc, encoding="utf-8") as f:
+            old = f.read()
+        _, preserved = split_doc(old)
+        if preserved is None:
+            if not a.force:
+                print(f"make_report: {a.doc} has no '{MARKER}' line; refusing to overwrite it "
+                      f"(--force keeps its text below a new marker)", file=sys.stderr)
+                return 2
+            preserved = MARKER + "\n## Design log\n\n" + old
+    if preserved is None:
+        preserved = DEFAULT_LOG
+    doc_dir = os.path.dirname(os.path.abspath(a.doc))
+    plot_path = os.path.join(doc_dir, PLOT_NAME)
+    plot_rel = None
+    _, _, results, _ = merge(docs)
+    if a.placeholder:
+        results = []
+    if any(r.get("sweep") == "anchor" for r in results):
+        drawn = False
+        if not a.no_plot:
+            m = docs[0].get("meta") or {}
+            title = f"{m.get('gpu', '?')}, torch {m.get('torch')}, triton {m.get('triton')}, {m.get('date_utc', '')}"
+            try:
+                drawn = rio.plot_anchor(results, plot_path, title=title)
+            except Exception as e:
+                print(f"make_report: plot failed: {e}", file=sys.stderr)
+        if drawn or os.path.exists(plot_path):
+            plot_rel = PLOT_NAME
+    text = (render_placeholder() if a.placeholder else render(docs, a.json, plot_rel)) + preserved
+    os.makedirs(doc_dir, exist_ok=True)
+    tmp = a.doc + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, a.doc)
+    print(f"make_report: wrote {a.doc}" + (f" and {plot_path}" if plot_rel else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

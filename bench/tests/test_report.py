@@ -1,0 +1,97 @@
+import pytest
+"""CPU tests of the report side: JSON round trip, CSV, summary, plot, PERFORMANCE.md generation
+with the design log preserved."""
+import csv
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import make_report  # noqa: E402
+import results_io as rio  # noqa: E402
+import synthetic  # noqa: E402
+
+
+def test_json_roundtrip_and_csv(tmp_path):
+    doc = synthetic.make()
+    p = tmp_path / "results.json"
+    rio.write_json(str(p), doc)
+    back = rio.load_json(str(p))
+    assert len(back["results"]) == len(doc["results"])
+    assert math.isnan(back["results"][7]["ours"]["err_out"])
+    c = tmp_path / "results.csv"
+    rio.write_csv(str(c), back["results"])
+    rows = list(csv.DictReader(open(c)))
+    assert len(rows) == 26 and rows[0]["sweep"] == "anchor"
+    assert rows[3]["ours_error"].startswith("RuntimeError")
+
+
+def test_summary():
+    doc = synthetic.make()
+    s = rio.summarize(doc["results"])
+    a = s["anchor"]
+    assert a["points"] == 20 and a["points_timed"] == 18
+    sp = [r["speedup"] for r in doc["results"] if r["sweep"] == "anchor" and r.get("speedup")]
+    assert abs(a["geomean_speedup"] - math.exp(sum(map(math.log, sp)) / len(sp))) < 1e-12
+    assert a["worst"]["speedup"] == min(sp)
+    assert "geomean_speedup_ge16k" in a
+    assert math.isnan(a["errors"]["ours_err_out_max"])
+    assert s["models"]["points_timed"] == 6
+    lines = rio.summary_lines(s)
+    assert len(lines) == 2 and "worst" in lines[0]
+    txt = rio.text_table(doc["results"])
+    assert "skipped" in txt and "planted" in txt
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    doc = synthetic.make()
+    p = tmp_path / "a.png"
+    assert rio.plot_anchor(doc["results"], str(p), title="t")
+    assert p.stat().st_size > 10000
+    assert not rio.plot_anchor([r for r in doc["results"] if r["sweep"] == "models"], str(tmp_path / "b.png"))
+
+
+def test_make_report_preserves_design_log(tmp_path):
+    pytest.importorskip("matplotlib")
+    doc = synthetic.make()
+    j = tmp_path / "results.json"
+    rio.write_json(str(j), doc)
+    md = tmp_path / "docs" / "PERFORMANCE.md"
+    assert make_report.main([str(j), "--doc", str(md)]) == 0
+    text = md.read_text()
+    assert "## Anchor sweep" in text and "## Model layers" in text and make_report.MARKER in text
+    assert (tmp_path / "docs" / "performance-anchor.png").exists()
+    assert "](performance-anchor.png)" in text
+    # hand-edit the design log, regenerate from a different run: the log survives byte for byte
+    log = make_report.MARKER + "\n## Design log\n\nv1: 3.1x predicted, 2.7x measured | because *reasons*.\n\n\ttabs kept\n"
+    gen, _ = make_report.split_doc(text)
+    md.write_text(gen + log)
+    doc2 = synthetic.make(seed=5)
+    j2 = tmp_path / "r2.json"
+    rio.write_json(str(j2), doc2)
+    assert make_report.main([str(j2), "--doc", str(md)]) == 0
+    text2 = md.read_text()
+    assert text2.endswith(log)
+    assert text2.count(make_report.MARKER) == 1
+    assert text2 != text
+
+
+def test_make_report_merge_and_refuse(tmp_path):
+    doc = synthetic.make()
+    a = dict(doc, results=[r for r in doc["results"] if r["sweep"] == "anchor"], breakdown=None)
+    m = dict(doc, results=[r for r in doc["results"] if r["sweep"] == "models"])
+    ja, jm = tmp_path / "a.json", tmp_path / "m.json"
+    rio.write_json(str(ja), a)
+    rio.write_json(str(jm), m)
+    md = tmp_path / "P.md"
+    md.write_text("hand written, no marker\n")
+    assert make_report.main([str(ja), str(jm), "--doc", str(md)]) == 2
+    assert md.read_text() == "hand written, no marker\n"
+    assert make_report.main([str(ja), str(jm), "--doc", str(md), "--force"]) == 0
+    t = md.read_text()
+    assert "Run 1 (a.json)" in t and "Run 2 (m.json)" in t and "Per-kernel breakdown" in t
+    assert t.rstrip().endswith("hand written, no marker")
