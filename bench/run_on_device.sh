@@ -58,7 +58,9 @@ for m in ("einops", "packaging", "matplotlib", "numpy"):
 EOF
 } | tee "$OUT/env.txt"
 
-if ! python3 -c "import mamba2_ssd; mamba2_ssd.mamba_chunk_scan_combined" 2>/dev/null; then
+# torch first: on the H200 (2026-11-29) importing mamba2_ssd before torch and then exiting crashed
+# the interpreter at exit (open defect, see docs/PERFORMANCE.md); the benchmark imports torch first.
+if ! python3 -c "import torch, mamba2_ssd; mamba2_ssd.mamba_chunk_scan_combined" 2>/dev/null; then
   if [ "${ALLOW_TRITON_ONLY:-0}" != 1 ]; then
     echo "run_on_device: mamba2_ssd is not installed (python3 -m pip install --no-build-isolation --no-deps .);" \
          "set ALLOW_TRITON_ONLY=1 to time the Triton reference alone" >&2
