@@ -15,6 +15,9 @@ if ! command -v nvcc >/dev/null 2>&1; then
   cuda=OFF
 fi
 scripts/fetch-deps.sh
+# Python build and test tools, pinned like pyproject.toml (no-op when present).
+python3 -c "import scikit_build_core, nanobind, numpy, pytest" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check "scikit-build-core==0.11.5" "nanobind==2.9.2" numpy pytest
 
 echo "test: configure + build ($build, MAMBA2_SSD_CUDA=$cuda, $jobs jobs)"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAMBA2_SSD_CUDA="$cuda"
