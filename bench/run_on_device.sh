@@ -58,8 +58,8 @@ for m in ("einops", "packaging", "matplotlib", "numpy"):
 EOF
 } | tee "$OUT/env.txt"
 
-# torch first: on the H200 (2026-11-29) importing mamba2_ssd before torch and then exiting crashed
-# the interpreter at exit (open defect, see docs/PERFORMANCE.md); the benchmark imports torch first.
+# torch first, as bench.py does: on the H200 (2026-11-29) this check without it crashed at
+# interpreter exit (open defect, docs/PERFORMANCE.md).
 if ! python3 -c "import torch, mamba2_ssd; mamba2_ssd.mamba_chunk_scan_combined" 2>/dev/null; then
   if [ "${ALLOW_TRITON_ONLY:-0}" != 1 ]; then
     echo "run_on_device: mamba2_ssd is not installed (python3 -m pip install --no-build-isolation --no-deps .);" \
