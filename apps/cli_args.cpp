@@ -225,6 +225,30 @@ const std::vector<Flag>& flag_table() {
                   "GPU: capture one call in a CUDA graph and time its replays,\n"
                   "which leaves out the host-side cost of forward() (default off)",
                   &Options::graph),
+      // ---- tune
+      value_flag("--sweep", "LIST", kGroupTune,
+                 "tune the benchmark's shape lists instead of the problem flags:\n"
+                 "anchor (batch 4, 8 heads, dstate 64-512, 1K-256K tokens), models\n"
+                 "(Mamba-2 2.7B layers and an 8-group layer), or both: anchor,models",
+                 [](Options& o, const std::string& v) {
+                   o.sweep.clear();
+                   size_t start = 0;
+                   while (start <= v.size()) {
+                     const size_t end = v.find(',', start);
+                     const std::string item = v.substr(start, end == std::string::npos ? std::string::npos : end - start);
+                     if (item != "anchor" && item != "models") {
+                       bad("--sweep", "expected anchor, models or anchor,models, got " + quoted(v));
+                     }
+                     o.sweep.push_back(item);
+                     if (end == std::string::npos) break;
+                     start = end + 1;
+                   }
+                 }),
+      value_flag("--budget", "S", kGroupTune, "seconds of measuring per shape; the rest of the candidates\nare skipped once it is spent (default 10)",
+                 [](Options& o, const std::string& v) {
+                   o.budget = parse_double("--budget", v);
+                   if (!(o.budget > 0)) bad("--budget", "expected seconds > 0, got " + v);
+                 }),
       // ---- check
       value_flag("--tol-out", "F", kGroupCheck, "largest relative L2 error of out (default 3e-3)",
                  [](Options& o, const std::string& v) {
@@ -248,6 +272,7 @@ const char* group_title(unsigned g) {
     case kGroupDevice: return "Device:";
     case kGroupTiming: return "Timing (run only):";
     case kGroupCheck: return "Check tolerances (check only):";
+    case kGroupTune: return "Tuning (tune only):";
   }
   return "";
 }
@@ -341,7 +366,7 @@ bool parse_flags(int argc, char** argv, int first, unsigned groups, Options& opt
 
 std::string flags_help(unsigned groups) {
   std::ostringstream o;
-  for (unsigned g : {kGroupProblem, kGroupDevice, kGroupTiming, kGroupCheck}) {
+  for (unsigned g : {kGroupProblem, kGroupDevice, kGroupTiming, kGroupTune, kGroupCheck}) {
     if (!(groups & g)) continue;
     o << "\n" << group_title(g) << "\n";
     for (const Flag& f : flag_table()) {

@@ -28,6 +28,7 @@ enum FlagGroup : unsigned {
   kGroupDevice = 1u << 1,   // --device
   kGroupTiming = 1u << 2,   // --iters, --warmup, --graph
   kGroupCheck = 1u << 3,    // --tol-out, --tol-state
+  kGroupTune = 1u << 4,     // --sweep, --budget
 };
 
 struct Options {
@@ -73,6 +74,10 @@ struct Options {
   bool graph = false;             // time CUDA-graph replays of one captured call
   int threads = 0;                // CPU reference threads; 0: all hardware threads
   DeviceChoice device = DeviceChoice::kAuto;
+
+  // ---- tune
+  std::vector<std::string> sweep;  // preset shape lists instead of the problem flags
+  double budget = 10.0;            // seconds per shape
 
   // ---- check
   std::optional<double> tol_out;

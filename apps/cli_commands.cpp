@@ -156,6 +156,7 @@ int command_run(const Options& opt) {
     gpu::Mirror mirror(prob);
     std::printf("  memory     %s on the device (workspace %s)\n", format_bytes(static_cast<double>(mirror.device_bytes())).c_str(),
                 format_bytes(static_cast<double>(mirror.workspace_bytes())).c_str());
+    std::printf("  kernels    %s\n", mirror.kernel_config_description().c_str());
     seconds_per_call = mirror.time_calls(warmup, iters, opt.graph) * 1e-3;
     mirror.download_outputs();
     std::printf("  time       %s per call (cudaEvent, mean of %lld %s after %lld warmup)\n",
@@ -260,6 +261,91 @@ int command_check(const Options& opt) {
               identical ? "ok" : "FAIL");
   std::printf("\n%s\n", pass ? "PASS" : "FAIL");
   return pass ? kExitOk : kExitFailure;
+}
+
+}  // namespace cli
+
+namespace cli {
+
+// ------------------------------------------------------------------ tune
+
+namespace {
+
+// The shapes of bench/bench.py's sweeps (same key fields: batch, heads, groups, headdim, dstate,
+// chunk, options), so that `tune --sweep` fills exactly the cache entries the benchmark uses.
+std::vector<Options> sweep_shapes(const Options& base, const std::string& name) {
+  std::vector<Options> out;
+  if (name == "anchor") {
+    for (int64_t n : {64, 128, 256, 512}) {
+      for (int64_t l : {1024, 4096, 16384, 65536, 262144}) {
+        Options o = base;
+        o.batch = 4; o.seqlen = l; o.heads = 8; o.groups = 1; o.headdim = 64; o.dstate = n; o.chunk = 128;
+        o.d_mode = DMode::kPerHead; o.z = false; o.dt_bias = false; o.softplus = false;
+        o.init = true; o.final_states = true;
+        out.push_back(o);
+      }
+    }
+  } else {
+    struct M { int64_t b, l, h, g, n; };
+    for (const M& m : {M{1, 2048, 80, 1, 128}, M{1, 8192, 80, 1, 128}, M{4, 8192, 80, 1, 128},
+                       M{1, 65536, 80, 1, 128}, M{8, 4096, 80, 1, 128}, M{8, 4096, 64, 8, 64}}) {
+      Options o = base;
+      o.batch = m.b; o.seqlen = m.l; o.heads = m.h; o.groups = m.g; o.headdim = 64; o.dstate = m.n; o.chunk = 256;
+      o.d_mode = DMode::kPerHead; o.z = false; o.dt_bias = true; o.softplus = true;
+      o.init = false; o.final_states = false;
+      out.push_back(o);
+    }
+  }
+  for (Options& o : out) { o.batch_set = true; o.seqlen_set = true; }
+  return out;
+}
+
+}  // namespace
+
+int command_tune(const Options& opt) {
+  if (opt.device == DeviceChoice::kCpu) throw UsageError("--device cpu: tune measures the GPU kernels");
+  if (!mamba2_ssd::cuda_available()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "mamba2-ssd tune: %s; tuning measures the GPU kernels and needs one.\n",
+                 no_gpu_reason().c_str());
+    return kExitUsage;
+  }
+  std::vector<Options> shapes;
+  for (const std::string& s : opt.sweep) {
+    for (const Options& o : sweep_shapes(opt, s)) shapes.push_back(o);
+  }
+  if (shapes.empty()) shapes.push_back(opt);
+  const gpu::DeviceInfo info = gpu::select_device();
+  const std::string path = mamba2_ssd::tuning_cache_path();
+  std::printf("mamba2-ssd tune: %zu shape(s) on %s\n  cache      %s\n", shapes.size(), gpu::describe(info).c_str(),
+              path.empty() ? "(in memory only: MAMBA2_SSD_TUNING_CACHE is off)" : path.c_str());
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Problem prob(shapes[i]);
+    std::printf("\n[%zu/%zu] ", i + 1, shapes.size());
+    print_problem("tune", prob);
+    std::fflush(stdout);
+    gpu::Mirror mirror(prob);
+    mamba2_ssd::TuneOptions to;
+    to.budget_seconds = opt.budget;
+    to.progress = [](const std::string& line) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    };
+    const mamba2_ssd::TuneResult r = mirror.tune(to);
+    std::printf("  best       %s: %.4f ms (heuristic %s: %.4f ms, %.2fx)%s\n", mamba2_ssd::to_string(r.best).c_str(),
+                r.best_ms, mamba2_ssd::to_string(r.heuristic).c_str(), r.heuristic_ms,
+                r.best_ms > 0 ? r.heuristic_ms / r.best_ms : 0.0,
+                r.complete ? "" : "  [budget spent: not every candidate was measured]");
+    std::printf("  key        %s\n  took       %.2f s\n", r.key.c_str(), r.seconds);
+    std::printf("  now used   %s\n", mirror.kernel_config_description().c_str());
+    std::fflush(stdout);
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\ntuned %zu shape(s) in %.1f s%s\n", shapes.size(), total,
+              path.empty() ? " (not saved)" : (" -> " + path).c_str());
+  return kExitOk;
 }
 
 }  // namespace cli

@@ -17,4 +17,8 @@ int command_run(const Options& opt);
 // mamba2-ssd check: the GPU forward against the float64 CPU reference on the same inputs.
 int command_check(const Options& opt);
 
+// mamba2-ssd tune: measures the kernel settings for a shape (or the benchmark's shape lists)
+// and stores the fastest in the tuning cache.
+int command_tune(const Options& opt);
+
 }  // namespace cli

@@ -170,6 +170,17 @@ void Mirror::poison_outputs() {
   CLI_CUDA(cudaStreamSynchronize(m.stream));
 }
 
+mamba2_ssd::TuneResult Mirror::tune(const mamba2_ssd::TuneOptions& options) {
+  Impl& m = *impl_;
+  return mamba2_ssd::tune(m.params, m.workspace ? m.workspace->ptr : nullptr, m.ws_bytes, m.stream, options);
+}
+
+std::string Mirror::kernel_config_description() {
+  std::string source;
+  const mamba2_ssd::KernelConfig c = mamba2_ssd::kernel_config_for(impl_->params, &source);
+  return mamba2_ssd::to_string(c) + " (" + source + ")";
+}
+
 void Mirror::run_once() {
   Impl& m = *impl_;
   m.forward();
@@ -260,6 +271,8 @@ std::size_t Mirror::workspace_bytes() const { return 0; }
 std::size_t Mirror::device_bytes() const { return 0; }
 void Mirror::poison_outputs() { no_cuda(); }
 void Mirror::run_once() { no_cuda(); }
+mamba2_ssd::TuneResult Mirror::tune(const mamba2_ssd::TuneOptions&) { no_cuda(); }
+std::string Mirror::kernel_config_description() { no_cuda(); }
 double Mirror::time_calls(int64_t, int64_t, bool) { no_cuda(); }
 void Mirror::download_outputs() { no_cuda(); }
 std::vector<unsigned char> Mirror::output_bytes() { no_cuda(); }

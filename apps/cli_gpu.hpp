@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli_problem.hpp"
+#include "mamba2_ssd/tuning.hpp"
 
 namespace cli::gpu {
 
@@ -55,6 +56,10 @@ class Mirror {
   void download_outputs();
   // The bytes of every output, concatenated (for the run-to-run determinism check).
   std::vector<unsigned char> output_bytes();
+  // mamba2_ssd::tune() on this problem's buffers and stream.
+  mamba2_ssd::TuneResult tune(const mamba2_ssd::TuneOptions& options);
+  // The kernel settings forward() uses for this problem now, and their source.
+  std::string kernel_config_description();
 
  private:
   struct Impl;

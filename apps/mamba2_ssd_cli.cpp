@@ -2,6 +2,7 @@
 //
 //   mamba2-ssd run   [flags]   one timed forward on random inputs (GPU, or the CPU reference)
 //   mamba2-ssd check [flags]   the GPU forward against the float64 CPU reference
+//   mamba2-ssd tune  [flags]   measure kernel settings, store the fastest in the tuning cache
 //
 // Subcommands live in the table below: a new one (tune, bench, ...) is a function taking the
 // parsed Options, the flag groups it accepts (cli_args.hpp) and its help text.
@@ -44,6 +45,14 @@ const Command kCommands[] = {
      "and the two results must be bitwise identical.\n"
      "Exit code: 0 pass, 1 fail or error, 2 bad flags or no CUDA GPU.",
      cli::kGroupProblem | cli::kGroupDevice | cli::kGroupCheck, cli::command_check},
+    {"tune", "measure the kernel settings for a shape and store the fastest in the tuning cache",
+     "Measures every setting of the tuned kernels (fwd_pass_state: dstate tile and\n"
+     "load-ring depth; compute_out: heads per CTA) on random inputs of the given\n"
+     "shape, printing each timing as it comes, and stores the fastest in the\n"
+     "tuning cache that forward() reads ($MAMBA2_SSD_TUNING_CACHE, else\n"
+     "$XDG_CACHE_HOME/mamba2_ssd/tuning.json or ~/.cache/mamba2_ssd/tuning.json).\n"
+     "--sweep tunes the benchmark's shape lists instead. Needs a Hopper GPU.",
+     cli::kGroupProblem | cli::kGroupDevice | cli::kGroupTune, cli::command_tune},
 };
 
 const Command* find_command(const std::string& name) {

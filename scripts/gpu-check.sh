@@ -24,7 +24,7 @@ log "nvcc: $(nvcc --version | tail -1)"
 # ---- build
 t0=$(date +%s)
 if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/configure.log" 2>&1 &&
-   cmake --build "$build" -j "$jobs" --target test_gpu test_reference test_validate >"$out/build.log" 2>&1; then
+   cmake --build "$build" -j "$jobs" --target test_gpu test_reference test_validate test_tuning >"$out/build.log" 2>&1; then
   status+=("build: ok ($(( $(date +%s) - t0 )) s)")
   # The CLI is only needed for the timing at the end: its failure is reported, not fatal.
   cmake --build "$build" -j "$jobs" --target mamba2_ssd_cli >>"$out/build.log" 2>&1 || status+=("cli build: FAILED")
@@ -37,12 +37,13 @@ fi
 # ---- CPU tests (reference, validation)
 cpu_line="cpu tests: not run"
 if "$build/tests/test_reference" --gtest_brief=1 >"$out/test_reference.log" 2>&1 &&
-   "$build/tests/test_validate" --gtest_brief=1 >"$out/test_validate.log" 2>&1; then
+   "$build/tests/test_validate" --gtest_brief=1 >"$out/test_validate.log" 2>&1 &&
+   "$build/tests/test_tuning" --gtest_brief=1 >"$out/test_tuning.log" 2>&1; then
   cpu_line="cpu tests: ok"
 else
-  cpu_line="cpu tests: FAILED (see test_reference.log / test_validate.log)"
+  cpu_line="cpu tests: FAILED (see test_reference.log / test_validate.log / test_tuning.log)"
 fi
-cpu_counts=$(cat "$out/test_reference.log" "$out/test_validate.log" | grep -E "^\[  PASSED  \]|^\[  FAILED  \]|tests? ran" | tr '\n' ' ')
+cpu_counts=$(cat "$out/test_reference.log" "$out/test_validate.log" "$out/test_tuning.log" | grep -E "^\[  PASSED  \]|^\[  FAILED  \]|tests? ran" | tr '\n' ' ')
 status+=("$cpu_line: $cpu_counts")
 
 # ---- GPU tests

@@ -26,6 +26,20 @@ const char* layout_name(Layout l);
 // Sizes below: b = batch, l = seqlen, T = total tokens (varlen), S = number of sequences,
 // h = nheads, p = headdim, g = ngroups, n = dstate, c = number of chunks.
 // Optional tensors are absent when their data pointer is null.
+// Settings of the compiled GPU kernel variants (include/mamba2_ssd/tuning.hpp says how
+// forward() picks them). 0 means "not set". Every valid setting computes the same result.
+struct KernelConfig {
+  int pass_state_dstate_tile = 0;     // fwd_pass_state: dstate columns per CTA, 32 or 64
+  int pass_state_stages = 0;          // fwd_pass_state: load-ring depth, 2 or 4
+  int compute_out_heads_per_cta = 0;  // compute_out: 1, 2 or 4 (headdim 64), 1 or 2 (headdim 128)
+
+  bool operator==(const KernelConfig& o) const {
+    return pass_state_dstate_tile == o.pass_state_dstate_tile && pass_state_stages == o.pass_state_stages &&
+           compute_out_heads_per_cta == o.compute_out_heads_per_cta;
+  }
+  bool operator!=(const KernelConfig& o) const { return !(*this == o); }
+};
+
 struct ForwardParams {
   Layout layout = Layout::kBatched;
   Device device = Device::kCUDA;
@@ -79,6 +93,9 @@ struct ForwardParams {
   // fp32, or the 16-bit compute type (bf16 for bf16/fp32 inputs, fp16 for fp16 inputs).
   // Unset: the dtype of C, as mamba_ssm does (fp32 inputs: fp32).
   std::optional<DType> state_dtype;
+
+  // GPU kernel settings for this call; fields left 0 come from the tuning cache or the heuristic.
+  KernelConfig kernel_config;
 };
 
 // Derived sizes of a call, filled by validate().

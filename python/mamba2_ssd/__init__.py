@@ -21,6 +21,8 @@ from ._C import (
     UnsupportedError,
     cuda_available,
     max_varlen_chunks,
+    reset_tuning_cache,
+    tuning_cache_path,
 )
 from ._C import version as _version
 from ._dlpack import forward_dlpack, workspace_size_dlpack
@@ -45,10 +47,39 @@ __all__ = [
     "UnsupportedError",
     "cuda_available",
     "max_varlen_chunks",
+    "tune",
+    "tuning_cache_path",
+    "reset_tuning_cache",
     "forward_dlpack",
     "workspace_size_dlpack",
     *sorted(_TORCH_NAMES),
 ]
+
+
+def tune(*args, budget_seconds=10.0, repeats=5, store=True, **kwargs):
+    """Tune the GPU kernel settings for one call's shape class and cache the fastest.
+
+    Takes exactly the arguments of ``mamba_chunk_scan_combined`` (CUDA tensors), runs the call
+    once with every kernel setting timed first (the call's outputs are computed as usual and
+    discarded), stores the fastest setting in the tuning cache (``tuning_cache_path()``; set
+    ``store=False`` to keep it out), and returns a dict: ``key`` (the shape class), ``best`` and
+    ``heuristic`` (settings), ``best_ms`` / ``heuristic_ms`` (GPU time of the two tuned kernels),
+    ``measured`` (kernel, setting, ms) tuples, ``complete`` (False when ``budget_seconds`` ran out
+    before every candidate) and ``seconds``. Synchronizes the current stream; not for use inside
+    CUDA graph capture. Later calls of that shape class use the cached setting.
+    """
+    from . import _C
+    from . import torch_ops
+
+    _C._tune_next_call(float(budget_seconds), int(repeats), bool(store))
+    try:
+        torch_ops.mamba_chunk_scan_combined(*args, **kwargs)
+    finally:
+        _C._cancel_tune()
+    result = _C._last_tune_result()
+    if not result["key"]:
+        raise UnsupportedError("tune(): the call did not reach the GPU kernels (CPU tensors?)")
+    return result
 
 
 def __getattr__(name):

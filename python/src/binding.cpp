@@ -507,13 +507,45 @@ constexpr bool g_with_cuda =
 // (to measure the host overhead of the bindings). Internal.
 bool g_skip_forward = false;
 
+// When set, the next GPU forward is preceded by mamba2_ssd::tune() on the same buffers (the
+// result is kept for _last_tune_result). Internal: mamba2_ssd.tune() sets it around one call.
+bool g_tune_next = false;
+m2::TuneOptions g_tune_options;
+m2::TuneResult g_last_tune;
+
 void run_forward(const m2::ForwardParams& p, void* ws, std::size_t ws_bytes, uintptr_t stream) {
   if (g_skip_forward) {
     (void)m2::validate(p);
     return;
   }
   nb::gil_scoped_release release;
+  if (g_tune_next && p.device == m2::Device::kCUDA) {
+    g_tune_next = false;
+    g_last_tune = m2::tune(p, ws, ws_bytes, reinterpret_cast<CUstream_st*>(stream), g_tune_options);
+  }
   m2::forward(p, ws, ws_bytes, reinterpret_cast<CUstream_st*>(stream));
+}
+
+nb::dict tune_result_dict(const m2::TuneResult& r) {
+  auto cfg = [](const m2::KernelConfig& c) {
+    nb::dict d;
+    d["pass_state_dstate_tile"] = c.pass_state_dstate_tile;
+    d["pass_state_stages"] = c.pass_state_stages;
+    d["compute_out_heads_per_cta"] = c.compute_out_heads_per_cta;
+    return d;
+  };
+  nb::dict d;
+  d["key"] = r.key;
+  d["best"] = cfg(r.best);
+  d["heuristic"] = cfg(r.heuristic);
+  d["best_ms"] = r.best_ms;
+  d["heuristic_ms"] = r.heuristic_ms;
+  d["complete"] = r.complete;
+  d["seconds"] = r.seconds;
+  nb::list m;
+  for (const auto& x : r.measured) m.append(nb::make_tuple(x.kernel, x.setting, x.ms));
+  d["measured"] = m;
+  return d;
 }
 
 // forward_torch(<22 common>, stream, device_index)
@@ -723,6 +755,23 @@ NB_MODULE(_C, m) {
   m.def("workspace_size_dlpack", &workspace_size_dlpack,
         "workspace_size_dlpack(<the arguments of forward_dlpack without workspace and stream>) -> bytes");
   m.def("_register_torch", &register_torch);
+  m.def(
+      "_tune_next_call",
+      [](double budget_seconds, int repeats, bool store) {
+        g_tune_next = true;
+        g_tune_options = m2::TuneOptions{};
+        g_tune_options.budget_seconds = budget_seconds;
+        g_tune_options.repeats = repeats;
+        g_tune_options.store = store;
+        g_last_tune = m2::TuneResult{};
+      },
+      nb::arg("budget_seconds"), nb::arg("repeats"), nb::arg("store"));
+  m.def("_cancel_tune", []() { g_tune_next = false; });
+  m.def("_last_tune_result", []() { return tune_result_dict(g_last_tune); });
+  m.def("tuning_cache_path", []() { return m2::tuning_cache_path(); },
+        "Path of the tuning cache file ('' when kept in memory only).");
+  m.def("reset_tuning_cache", []() { m2::reset_tuning_cache(); },
+        "Forget the in-memory tuning entries (the file is read again on next use).");
   m.def("_set_skip_forward", [](bool v) { g_skip_forward = v; },
         "Internal (benchmarks): validate but launch nothing.");
 }

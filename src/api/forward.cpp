@@ -11,7 +11,7 @@
 namespace mamba2_ssd {
 
 namespace {
-[[noreturn]] void throw_no_cuda() {
+[[noreturn, maybe_unused]] void throw_no_cuda() {
   throw Error(Error::Kind::kUnsupported, "device",
               "device: Device::kCUDA requested, but this build of mamba2-ssd has no CUDA kernels "
               "(configured with MAMBA2_SSD_CUDA=OFF); use Device::kCPU or rebuild with CUDA");

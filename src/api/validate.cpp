@@ -604,6 +604,25 @@ ProblemShape validate(const ForwardParams& p) {
     expect_gpu_aligned("chunk_states", p.chunk_states);
   }
 
+  // ---- 11b. explicit kernel settings (0: unset)
+  {
+    const KernelConfig& kc = p.kernel_config;
+    if (kc.pass_state_dstate_tile != 0 && kc.pass_state_dstate_tile != 32 && kc.pass_state_dstate_tile != 64) {
+      fail("kernel_config.pass_state_dstate_tile",
+           "expected 0 (unset), 32 or 64, got " + str(kc.pass_state_dstate_tile));
+    }
+    if (kc.pass_state_stages != 0 && kc.pass_state_stages != 2 && kc.pass_state_stages != 4) {
+      fail("kernel_config.pass_state_stages", "expected 0 (unset), 2 or 4, got " + str(kc.pass_state_stages));
+    }
+    const int max_heads = hp <= 64 ? 4 : 2;
+    const int hc = kc.compute_out_heads_per_cta;
+    if (hc != 0 && (hc < 1 || hc > max_heads || (hc & (hc - 1)) != 0)) {
+      fail("kernel_config.compute_out_heads_per_cta",
+           std::string("expected 0 (unset), ") + (max_heads == 4 ? "1, 2 or 4" : "1 or 2") + " for headdim " +
+               str(hp) + ", got " + str(hc));
+    }
+  }
+
   // ---- 12. where the memory lives
 #ifdef MAMBA2_SSD_WITH_CUDA
   {

@@ -1,13 +1,17 @@
 // The GPU forward: workspace plan, kernel parameters from the validated call, launch order,
-// and the choice of kernel settings for the shape.
+// the choice of kernel settings for the shape, and the autotuner's timing loop.
 #include "dispatch/launch.hpp"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "dispatch/tuning.hpp"
 #include "kernels/kernels.hpp"
@@ -118,13 +122,15 @@ bool gpu_present() {
   return false;
 }
 
-void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace, std::size_t workspace_bytes,
-                 CUstream_st* stream_handle) {
-  (void)workspace_bytes;
-  check_device_once();
-  cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
-  const WorkspacePlan w = plan_workspace(p, s);
-  char* ws = static_cast<char*>(workspace);
+namespace {
+
+struct KernelChoice {
+  kernels::PassStateConfig pass_state;
+  kernels::ComputeOutConfig compute_out;
+};
+
+// The kernels' parameters for a validated call and its workspace.
+kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape& s, const WorkspacePlan& w, char* ws) {
   const bool varlen = p.layout == Layout::kVarlen;
 
   kernels::SsdParams k{};
@@ -225,14 +231,24 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
     k.vs_sp = p.varlen_states.stride(2);
   }
 
-  const int64_t walks = varlen ? s.nseq : s.batch;
+  return k;
+}
+
+int64_t walk_count(const ForwardParams& p, const ProblemShape& s) {
+  return p.layout == Layout::kVarlen ? s.nseq : s.batch;
+}
+
+// Everything before the two tuned kernels: fp32 input conversion, varlen chunk offsets, cumsum.
+void launch_prefix(const ForwardParams& p, const ProblemShape& s, const WorkspacePlan& w, char* ws,
+                   const kernels::SsdParams& k, cudaStream_t stream) {
+  const bool varlen = p.layout == Layout::kVarlen;
+  const int64_t walks = walk_count(p, s);
   if (walks > 65535 || s.nheads > 65535) {
     kernels::throw_launch_error("fwd_pass_state: at most 65535 rows/sequences and 65535 heads per launch, got " +
                                 std::to_string(walks) + " and " + std::to_string(s.nheads));
   }
-
-  // ---- launches
-  if (io_fp32) {
+  if (p.x.dtype == DType::kFloat32) {
+    const Tok3 xs = tok_strides(p.x, p.layout), bs = tok_strides(p.B, p.layout), cs = tok_strides(p.C, p.layout);
     const int64_t b4 = varlen ? 1 : s.batch;
     kernels::launch_convert_to_bf16(static_cast<const float*>(p.x.data), b4, s.seqlen, s.nheads, xs.sb, xs.st, xs.s2,
                                     s.headdim, ws + w.x16, stream);
@@ -243,13 +259,210 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   }
   if (varlen) kernels::launch_chunk_offsets(k, stream);
   kernels::launch_chunk_cumsum(k, stream);
-  KernelChoice choice = choose_kernels(s, walks);
-  // Manual overrides for measuring variants (the autotuner sets the same fields).
-  if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_NT")) choice.pass_state.dstate_tile = std::atoi(e) == 32 ? 32 : 64;
-  if (const char* e = std::getenv("MAMBA2_SSD_HEADS_PER_CTA")) choice.compute_out.heads_per_cta = std::max(1, std::atoi(e));
+}
+
+KernelChoice to_choice(const KernelConfig& c) {
+  KernelChoice k;
+  k.pass_state.dstate_tile = c.pass_state_dstate_tile;
+  k.pass_state.stages = c.pass_state_stages;
+  k.compute_out.heads_per_cta = c.compute_out_heads_per_cta;
+  return k;
+}
+
+// Fills the unset fields of `c` from `from`.
+KernelConfig fill_unset(KernelConfig c, const KernelConfig& from) {
+  if (c.pass_state_dstate_tile == 0) c.pass_state_dstate_tile = from.pass_state_dstate_tile;
+  if (c.pass_state_stages == 0) c.pass_state_stages = from.pass_state_stages;
+  if (c.compute_out_heads_per_cta == 0) c.compute_out_heads_per_cta = from.compute_out_heads_per_cta;
+  return c;
+}
+
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // cannot tell: do not synchronize
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+DeviceId current_device_id() {
+  static std::mutex mu;
+  static int cached_dev = -1;
+  static DeviceId cached;
+  int dev = 0;
+  kernels::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev != cached_dev) {
+    cudaDeviceProp prop{};
+    kernels::check_cuda(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+    cached.name = prop.name;
+    cached.sm_count = prop.multiProcessorCount;
+    cached_dev = dev;
+  }
+  return cached;
+}
+
+KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s, std::string* source,
+                                   std::string* key_out) {
+  const DeviceId dev = current_device_id();
+  const KernelConfig heuristic = heuristic_config(s, walk_count(p, s), p.chunk_size, dev.sm_count);
+  KernelConfig c = p.kernel_config;
+  std::string src = c == KernelConfig{} ? "" : "explicit";
+  // Manual overrides for measuring variants (environment).
+  KernelConfig env;
+  if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_NT")) env.pass_state_dstate_tile = std::atoi(e) == 32 ? 32 : 64;
+  if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_STAGES")) env.pass_state_stages = std::atoi(e) <= 2 ? 2 : 4;
+  if (const char* e = std::getenv("MAMBA2_SSD_HEADS_PER_CTA")) env.compute_out_heads_per_cta = std::max(1, std::atoi(e));
+  if (env != KernelConfig{}) {
+    c = fill_unset(c, env);
+    if (src.empty()) src = "env";
+  }
+  const std::string key = make_tuning_key(dev, p, s);
+  if (key_out) *key_out = key;
+  if (auto hit = TuningCache::instance().find(key)) {
+    const KernelConfig before = c;
+    c = fill_unset(c, hit->config);
+    if (src.empty() && c != before) src = "cache";
+  }
+  if (src.empty()) src = "heuristic";
+  c = fill_unset(c, heuristic);
+  if (source) *source = src;
+  return c;
+}
+
+void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace, std::size_t workspace_bytes,
+                 CUstream_st* stream_handle) {
+  check_device_once();
+  cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  const WorkspacePlan w = plan_workspace(p, s);
+  char* ws = static_cast<char*>(workspace);
+  std::string source, key;
+  KernelConfig cfg = resolve_kernel_config(p, s, &source, &key);
+  // Tuning on a miss (opt-in): only outside graph capture, within a 1 s budget.
+  if (source == "heuristic" && autotune_on_miss() && !is_capturing(stream)) {
+    TuneOptions opt;
+    opt.budget_seconds = 1.0;
+    opt.repeats = 3;
+    cfg = gpu_tune(p, s, workspace, workspace_bytes, stream_handle, opt).best;
+  }
+  const kernels::SsdParams k = make_kernel_params(p, s, w, ws);
+  launch_prefix(p, s, w, ws, k, stream);
+  const KernelChoice choice = to_choice(cfg);
   kernels::launch_fwd_pass_state(k, choice.pass_state, stream);
   kernels::launch_compute_out(k, choice.compute_out, stream);
-  if (!varlen && p.varlen_states.present()) kernels::launch_varlen_states(k, stream);
+  if (p.layout != Layout::kVarlen && p.varlen_states.present()) kernels::launch_varlen_states(k, stream);
+}
+
+TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspace, std::size_t workspace_bytes,
+                    CUstream_st* stream_handle, const TuneOptions& opt) {
+  (void)workspace_bytes;
+  check_device_once();
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - t_start).count(); };
+  cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  if (is_capturing(stream)) {
+    throw Error(Error::Kind::kUnsupported, "stream",
+                "stream: tune() cannot run while the stream captures a CUDA graph (it times kernels and synchronizes)");
+  }
+  const WorkspacePlan w = plan_workspace(p, s);
+  char* ws = static_cast<char*>(workspace);
+  const DeviceId dev = current_device_id();
+  TuneResult r;
+  r.key = make_tuning_key(dev, p, s);
+  r.heuristic = heuristic_config(s, walk_count(p, s), p.chunk_size, dev.sm_count);
+  const kernels::SsdParams k = make_kernel_params(p, s, w, ws);
+  launch_prefix(p, s, w, ws, k, stream);
+
+  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+  kernels::check_cuda(cudaEventCreate(&ev0), "cudaEventCreate");
+  kernels::check_cuda(cudaEventCreate(&ev1), "cudaEventCreate");
+  struct EventGuard {
+    cudaEvent_t a, b;
+    ~EventGuard() { cudaEventDestroy(a); cudaEventDestroy(b); }
+  } guard{ev0, ev1};
+  const int repeats = std::max(1, opt.repeats);
+  // Median GPU time of `launch` (one warm-up launch first).
+  auto time_ms = [&](const std::function<void()>& launch) {
+    launch();
+    std::vector<float> t;
+    for (int i = 0; i < repeats; ++i) {
+      kernels::check_cuda(cudaEventRecord(ev0, stream), "cudaEventRecord");
+      launch();
+      kernels::check_cuda(cudaEventRecord(ev1, stream), "cudaEventRecord");
+      kernels::check_cuda(cudaEventSynchronize(ev1), "cudaEventSynchronize");
+      float ms = 0.f;
+      kernels::check_cuda(cudaEventElapsedTime(&ms, ev0, ev1), "cudaEventElapsedTime");
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return static_cast<double>(t[t.size() / 2]);
+  };
+  auto report = [&](const std::string& kernel, const std::string& setting, double ms) {
+    r.measured.push_back({kernel, setting, ms});
+    if (opt.progress) {
+      char line[160];
+      std::snprintf(line, sizeof line, "  %-15s %-18s %9.4f ms   (%.1f s)", kernel.c_str(), setting.c_str(), ms,
+                    elapsed());
+      opt.progress(line);
+    }
+  };
+
+  // fwd_pass_state: the heuristic's setting first, then the others while the budget lasts.
+  std::vector<std::pair<int, int>> ps = {{r.heuristic.pass_state_dstate_tile, r.heuristic.pass_state_stages}};
+  for (int nt : {32, 64}) {
+    for (int st : {4, 2}) {
+      if (nt != ps[0].first || st != ps[0].second) ps.push_back({nt, st});
+    }
+  }
+  double best_ps = 0.0, heur_ps = 0.0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (i > 0 && elapsed() > opt.budget_seconds) { r.complete = false; break; }
+    kernels::PassStateConfig c;
+    c.dstate_tile = ps[i].first;
+    c.stages = ps[i].second;
+    const double ms = time_ms([&] { kernels::launch_fwd_pass_state(k, c, stream); });
+    report("fwd_pass_state", "nt=" + std::to_string(c.dstate_tile) + " stages=" + std::to_string(c.stages), ms);
+    if (i == 0) heur_ps = ms;
+    if (i == 0 || ms < best_ps) {
+      best_ps = ms;
+      r.best.pass_state_dstate_tile = c.dstate_tile;
+      r.best.pass_state_stages = c.stages;
+    }
+  }
+  // The chunk states compute_out reads: from the chosen setting (all settings agree).
+  {
+    kernels::PassStateConfig c;
+    c.dstate_tile = r.best.pass_state_dstate_tile;
+    c.stages = r.best.pass_state_stages;
+    kernels::launch_fwd_pass_state(k, c, stream);
+  }
+  std::vector<int> hbs = {r.heuristic.compute_out_heads_per_cta};
+  const int max_hb = static_cast<int>(std::min<int64_t>(s.headdim <= 64 ? 4 : 2, s.nheads / s.ngroups));
+  for (int hb = 1; hb <= max_hb; hb *= 2) {
+    if (hb != hbs[0]) hbs.push_back(hb);
+  }
+  double best_co = 0.0, heur_co = 0.0;
+  for (size_t i = 0; i < hbs.size(); ++i) {
+    if (i > 0 && elapsed() > opt.budget_seconds) { r.complete = false; break; }
+    kernels::ComputeOutConfig c;
+    c.heads_per_cta = hbs[i];
+    const double ms = time_ms([&] { kernels::launch_compute_out(k, c, stream); });
+    report("compute_out", "heads=" + std::to_string(c.heads_per_cta), ms);
+    if (i == 0) heur_co = ms;
+    if (i == 0 || ms < best_co) {
+      best_co = ms;
+      r.best.compute_out_heads_per_cta = c.heads_per_cta;
+    }
+  }
+  r.best_ms = best_ps + best_co;
+  r.heuristic_ms = heur_ps + heur_co;
+  r.seconds = elapsed();
+  if (opt.store) TuningCache::instance().store(r.key, {r.best, r.best_ms, r.heuristic_ms}, true);
+  return r;
 }
 
 }  // namespace detail

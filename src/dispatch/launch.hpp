@@ -1,9 +1,13 @@
-// The GPU half of forward(): workspace layout and kernel launches (src/dispatch/launch.cu).
+// The GPU half of forward() and tune(): workspace layout, kernel settings, launches
+// (src/dispatch/launch.cu).
 #pragma once
 
 #include <cstddef>
+#include <string>
 
+#include "dispatch/tuning_cache.hpp"
 #include "mamba2_ssd/params.hpp"
+#include "mamba2_ssd/tuning.hpp"
 
 struct CUstream_st;
 
@@ -15,6 +19,18 @@ std::size_t gpu_workspace_size(const ForwardParams& p, const ProblemShape& s);
 // Enqueues the kernels of one validated call on `stream`.
 void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
                  std::size_t workspace_bytes, CUstream_st* stream);
+
+// Times the kernel settings on one validated call (see mamba2_ssd::tune).
+TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspace, std::size_t workspace_bytes,
+                    CUstream_st* stream, const TuneOptions& options);
+
+// The settings forward() uses for a validated call (no tuning), where they come from
+// ("explicit", "env", "cache", "heuristic") and the cache key.
+KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s, std::string* source,
+                                   std::string* key);
+
+// Name and SM count of the current device.
+DeviceId current_device_id();
 
 // True when a device of compute capability 9.0 is present.
 bool gpu_present();

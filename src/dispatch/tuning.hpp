@@ -1,33 +1,39 @@
-// Which compiled kernel variants run a shape.
+// The heuristic kernel settings for a shape (used when the tuning cache has no entry) and the
+// switch for tuning on a cache miss.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
-#include "kernels/kernels.hpp"
 #include "mamba2_ssd/params.hpp"
 
 namespace mamba2_ssd::detail {
 
-struct KernelChoice {
-  kernels::PassStateConfig pass_state;
-  kernels::ComputeOutConfig compute_out;
-};
-
-// Heuristic choice: fwd_pass_state walks chunks in order, so its parallelism is only
-// walks x heads x state tiles; halve the dstate tile when that leaves most SMs idle.
-// compute_out serves up to 8 heads of a group per CTA (C B^T once for all of them), fewer when
-// that would leave less than two CTAs per SM.
-inline KernelChoice choose_kernels(const ProblemShape& s, int64_t walks, int sm_count = 132) {
-  KernelChoice c;
+// fwd_pass_state walks chunks in order, so its parallelism is only walks x heads x state tiles:
+// halve the dstate tile when that leaves most SMs idle, and use the shallow load ring (several
+// CTAs per SM) when there are more CTAs than SMs. compute_out: two heads per CTA for headdim 64
+// (C B^T shared by both, three CTAs per SM fit), one for headdim 128 (its accumulators fill the
+// registers).
+inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int64_t chunk, int sm_count) {
+  (void)chunk;
+  KernelConfig c;
   const int64_t p_tiles = (s.headdim + 63) / 64;
   const int64_t ctas64 = walks * s.nheads * p_tiles * ((s.dstate + 63) / 64);
-  c.pass_state.dstate_tile = ctas64 < 2 * sm_count ? 32 : 64;
+  c.pass_state_dstate_tile = ctas64 < 2 * sm_count ? 32 : 64;
+  const int64_t ctas = walks * s.nheads * p_tiles * ((s.dstate + c.pass_state_dstate_tile - 1) / c.pass_state_dstate_tile);
+  c.pass_state_stages = ctas > sm_count ? 2 : 4;
   const int64_t hpg = s.nheads / s.ngroups;
-  const int64_t tiles = s.batch * s.nchunks * 2 * s.ngroups;  // (row, chunk, ~2 m-blocks, group)
-  int64_t hb = hpg < 8 ? hpg : 8;
-  while (hb > 1 && tiles * ((hpg + hb - 1) / hb) < 2 * sm_count) hb = (hb + 1) / 2;
-  c.compute_out.heads_per_cta = static_cast<int>(hb);
+  c.compute_out_heads_per_cta = static_cast<int>(std::min<int64_t>(hpg, s.headdim <= 64 ? 2 : 1));
+  if (c.compute_out_heads_per_cta == 3) c.compute_out_heads_per_cta = 2;
   return c;
+}
+
+// MAMBA2_SSD_AUTOTUNE=1: forward() tunes a shape class it has no cache entry for (1 s budget).
+inline bool autotune_on_miss() {
+  const char* e = std::getenv("MAMBA2_SSD_AUTOTUNE");
+  return e != nullptr && std::string(e) == "1";
 }
 
 }  // namespace mamba2_ssd::detail

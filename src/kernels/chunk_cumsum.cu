@@ -7,8 +7,8 @@
 // for tokens of another sequence than the chunk's last token) and the carry factor of the state
 // entering the chunk, exp(cum_last) (zero when the chunk's last token starts a new sequence).
 //
-// One CTA per (chunk, row); each warp takes one head at a time, each lane Q/32 consecutive
-// slots: a serial sum per lane, then a warp scan of the lane totals.
+// One warp per (chunk, row, head), each lane Q/32 consecutive slots: a serial sum per lane, then
+// a warp scan of the lane totals.
 #include "kernels/kernels.hpp"
 
 namespace mamba2_ssd::kernels {
@@ -38,7 +38,9 @@ __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdPara
     const int32_t seq_prev = ci.local > 0 ? seq[-p.seq_st] : 0;
     carries = seq_last == seq_prev;
   }
-  for (int h = warp; h < p.nheads; h += kWarps) {
+  {
+    const int h = blockIdx.z * kWarps + warp;
+    if (h >= p.nheads) return;
     const float a_h = p.A[h * p.A_s];
     const float bias = p.dt_bias != nullptr ? p.dt_bias[h * p.dt_bias_s] : 0.0f;
     float dtp[kPerLane], run[kPerLane];
@@ -86,7 +88,9 @@ void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream) {
     throw_launch_error("chunk_cumsum: grid too large (" + std::to_string(p.nchunks) + " chunks x " +
                        std::to_string(p.batch) + " rows)");
   }
-  dim3 grid(static_cast<unsigned>(p.nchunks), static_cast<unsigned>(p.batch));
+  // One warp per (chunk, row, head): enough CTAs to fill the GPU even for a single row.
+  dim3 grid(static_cast<unsigned>(p.nchunks), static_cast<unsigned>(p.batch),
+            static_cast<unsigned>((p.nheads + kWarps - 1) / kWarps));
   switch (p.chunk) {
     case 64: chunk_cumsum_kernel<2><<<grid, kWarps * 32, 0, stream>>>(p); break;
     case 128: chunk_cumsum_kernel<4><<<grid, kWarps * 32, 0, stream>>>(p); break;

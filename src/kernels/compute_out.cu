@@ -1,18 +1,23 @@
 // compute_out: every chunk's output from its entry state.
 //
-// One CTA (one warpgroup) per (row, chunk, 64-token block m of the chunk, group, slice of hb
-// heads of the group). With t the block's tokens and s the chunk's tokens up to the block's end:
-//   for every 64-token source block j <= m:  CB_j = C_m B_j^T    (64 x 64, wgmma SS, fp32)
-//     computed once for all heads of the slice (they share C and B) and kept in shared memory
-//   for every head h of the slice:
-//     acc  = C_m H_prev(h)^T                (64 x P, wgmma SS; skipped without a previous state)
-//     acc *= exp(cum_t) [same sequence]      (registers)
-//     for j <= m:
-//       S    = CB_j * exp(min(cum_t - cum_s, 0)) * dt'_s, causal and sequence masks  (registers)
-//       acc += S X_j                          (64 x P, wgmma RS: S is the register A operand)
-//     out  = (acc + D x) * silu(z)            (z prefetched into registers at the head's start)
-// C_m stays in shared memory for the whole CTA; B_j slices, H slices and X_j stream through a
-// ring of kStages cp.async stages. dstate is covered in 64-wide slices (zero padded).
+// One CTA (one warpgroup) per (row, chunk, 64-token block m of the chunk, group, slice of HB
+// heads of the group). With t the block's tokens and s the chunk's tokens up to the block's end,
+// the steps are:
+//   for every head h of the slice:  acc_h  = C_m H_prev(h)^T        (64 x P, wgmma SS)
+//   for every 64-token block j <= m:
+//     CB   = C_m B_j^T                    (64 x 64 fp32, wgmma SS, in registers; shared by the heads)
+//     for every head h:  S = CB * exp2(min(cum_t - cum_s, 0)) * dt'_s, masked   (registers)
+//                        acc_h += S X_hj                                      (wgmma RS)
+//   out_h = (acc_h + D x) * silu(z)
+// where acc_h was scaled by exp2(cum_t) (0 for tokens of another sequence) before the first S.
+// The mask keeps lo_t <= s <= t: causality and, with seq_idx (non-decreasing), the first token
+// of t's sequence in the chunk (lo_t), so no token sees another sequence.
+//
+// C_m stays in shared memory for the whole CTA; H slices, B_j slices and X_hj tiles stream
+// through a ring of kStages cp.async stages, issued kStages - 1 steps ahead. Each step waits for
+// its own wgmma: keeping wgmma batches in flight across these loops made ptxas serialize every
+// wgmma of the kernel (C7515), so latency is hidden by several CTAs per SM instead (small
+// register and shared-memory footprint; see the launch bounds).
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
 
@@ -42,29 +47,19 @@ struct Traits {
   using MmaSX = decltype(make_tiled_mma(
       GMMA::rs_op_selector<T, T, float, Shape<Int<kM>, Int<P>, Int<kN>>, GMMA::Major::K, GMMA::Major::MN>()));
   static constexpr int kSliceBytes = kM * kN * 2;   // one 64 x 64 slice of C_m
-  static constexpr int kStageBytes = P * kN * 2;    // the largest streamed tile (H slice or X_j)
+  static constexpr int kStageBytes = P * kN * 2;    // the largest streamed tile (H slice or X tile)
 };
 
-// Shared-memory plan: [C_m: nk slices][CB: mb blocks of 64x64 fp32][kStages stages]
-// [cum: hb x Q][dt': hb x Q][D: hb x P][seq_idx: Q]; tiles 1024-aligned.
-template <class T, int P, int kStages>
-__host__ __device__ constexpr int smem_bytes(int nk, int q, int hb) {
-  return 1024 + nk * Traits<T, P>::kSliceBytes + (q / kM) * kM * kN * 4 + kStages * Traits<T, P>::kStageBytes +
-         (2 * hb + 1) * q * 4 + hb * P * 4;
+// Shared-memory plan: [C_m: nk slices][kStages stages][masked CB: 64 x 64 fp32][cum: HB x Q]
+// [dt', then log2 dt': HB x Q][D: HB x P][seq_idx: Q]; tiles 1024-aligned.
+template <class T, int P, int HB, int kStages>
+__host__ __device__ constexpr int smem_bytes(int nk, int q) {
+  return 1024 + nk * Traits<T, P>::kSliceBytes + kStages * Traits<T, P>::kStageBytes + kM * kN * 4 +
+         (2 * HB + 1) * q * 4 + HB * P * 4;
 }
 
-template <class Mma, class TA, class TB, class Acc>
-__device__ __forceinline__ void wgmma_sync(Mma& mma, TA const& a, TB const& b, Acc& acc) {
-  warpgroup_fence_operand(acc);
-  warpgroup_arrive();
-  gemm(mma, a, b, acc);
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
-}
-
-// Rarely used paths kept out of line so the main loop stays small (instruction cache):
-// a previous state in another dtype than the compute type (fp32 chunk states or initial states).
+// Rarely used path kept out of line so the main loop stays small (instruction cache): a
+// previous state in another dtype than the compute type (fp32 chunk states or initial states).
 template <class T, int P>
 __device__ __noinline__ void load_h_convert(char* stage, const char* hbase, DType dtype, int64_t sp, int ks,
                                             int dstate, uint32_t off_k, int r_k, int c_k) {
@@ -80,16 +75,33 @@ __device__ __noinline__ void load_h_convert(char* stage, const char* hbase, DTyp
   }
 }
 
-template <class T, int P, int kStages>
-__global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p, const int hb) {
+// Issues one wgmma batch acc (+)= A B over all k-blocks of the operands (no wait).
+// `overwrite`: the first k-block replaces the accumulator instead of adding to it (wgmma's
+// scale-d predicate), which saves a register clear per batch.
+template <class Mma, class TA, class TB, class Acc>
+__device__ __forceinline__ void wgmma_issue(Mma& mma, TA const& a, TB const& b, Acc& acc, bool overwrite) {
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = overwrite ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
+template <class T, int P, int HB, int kStages>
+__global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) compute_out_kernel(const SsdParams p) {
+  static_assert(kStages >= 2, "the ring needs the stage in use and one being filled");
   using Tr = Traits<T, P>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by pointer arithmetic (keeps the shared address space visible).
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
 
-  // ---- which tile: (row, chunk, 64-token block m, group, slice of hb heads of the group)
+  // ---- which tile: (row, chunk, 64-token block m, group, slice of HB heads of the group)
   const int64_t mb = p.chunk / kM;
-  const int64_t slices = (p.heads_per_group + hb - 1) / hb;
+  const int64_t slices = (p.heads_per_group + HB - 1) / HB;
   int64_t idx = blockIdx.x;
   const int64_t hs = idx % slices; idx /= slices;
   const int64_t grp = idx % p.ngroups; idx /= p.ngroups;
@@ -98,8 +110,8 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
   const int64_t row = idx / p.nchunks;
   const ChunkInfo ci = chunk_info(p, row, g);
   if (ci.count <= m * kM) return;
-  const int64_t h0 = grp * p.heads_per_group + hs * hb;
-  const int nh = static_cast<int>(min<int64_t>(hb, (grp + 1) * p.heads_per_group - h0));
+  const int64_t h0 = grp * p.heads_per_group + hs * HB;
+  const int nh = static_cast<int>(min<int64_t>(HB, (grp + 1) * p.heads_per_group - h0));
 
   const int tid = threadIdx.x;
   const int q = p.chunk;
@@ -110,12 +122,12 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
   const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + ci.row * p.seq_sb : nullptr;
 
   char* s_c = smem;
-  float* s_cb = reinterpret_cast<float*>(s_c + nk * Tr::kSliceBytes);
-  char* s_stages = reinterpret_cast<char*>(s_cb + mb * kM * kN);
-  float* s_cum = reinterpret_cast<float*>(s_stages + kStages * Tr::kStageBytes);  // [hb][q]
-  float* s_dtp = s_cum + hb * q;                                                     // [hb][q]
-  float* s_d = s_dtp + hb * q;                                                       // [hb][P]
-  int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + hb * P);                         // [q]
+  char* s_stages = s_c + nk * Tr::kSliceBytes;
+  float* s_cbm = reinterpret_cast<float*>(s_stages + kStages * Tr::kStageBytes);  // [64 x 64]
+  float* s_cum = s_cbm + kM * kN;                                                  // [HB][q]
+  float* s_dtp = s_cum + HB * q;                                                   // [HB][q]
+  float* s_d = s_dtp + HB * q;                                                     // [HB][P]
+  int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + HB * P);                       // [q]
 
   // ---- per-thread copy plans. Thread v = tid + 128 * it copies the 16-byte vector at
   // (row v / (cols / 8), column 8 * (v % (cols / 8))); its shared offset then advances by
@@ -127,13 +139,13 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
     off_k = static_cast<uint32_t>(reinterpret_cast<char*>(&sC(r_k, c_k)) - smem);
   }
   constexpr int kXVec = P / 8;                             // vectors per X row (token)
-  const int s_x = tid / kXVec, p_x = (tid % kXVec) * 8;    // X_j: (p, token), MN-major
+  const int s_x = tid / kXVec, p_x = (tid % kXVec) * 8;    // X tile: (p, token), MN-major
   {
     Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem)), typename Tr::LayoutX{});
     off_x = static_cast<uint32_t>(reinterpret_cast<char*>(&sX(p_x, s_x)) - smem);
   }
 
-  // ---- prologue: C_m (all dstate slices), cum / dt' / D of the heads, seq_idx of the chunk
+  // ---- prologue (one cp.async group): C_m (all dstate slices), cum / dt' of the heads, seq_idx
 #pragma unroll 1
   for (int ks = 0; ks < nk; ++ks) {
 #pragma unroll
@@ -181,67 +193,94 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
     prev_sp = p.init_sp;
     prev_sh = p.init_sh;
   }
+  const bool has_prev = prev_base != nullptr;
   const bool prev_native = prev_dtype == (p.fp16 ? DType::kFloat16 : DType::kBFloat16);
   const int prev_esz = dtype_size_dev(prev_dtype);
-  const int32_t seq_prev = (seq_row != nullptr && ci.local > 0) ? seq_row[(ci.tok0 - 1) * p.seq_st] : 0;
 
-  // ---- steps: CB phase [B_j slice ks for j <= m, ks < nk], then per head [H slices][X_0..X_m]
-  const int n_cb = (m + 1) * nk;
-  const int n_a = prev_base != nullptr ? nk : 0;
-  const int per_head = n_a + m + 1;
-  const int nsteps = n_cb + nh * per_head;
-
-  // Per-thread global pointers of the copies (64-bit math once, not per copy).
+  // ---- producer: a cursor over the steps [H_h slices for each head] then for j = 0..m
+  // [B_j slices][X_hj for each head]; every call commits one cp.async group (maybe empty).
+  enum : int { kPhaseH = 0, kPhaseB = 1, kPhaseX = 2, kPhaseDone = 3 };
+  int ph = has_prev ? kPhaseH : kPhaseB, cur_h = 0, cur_ks = 0, cur_j = 0, issued = 0;
   const T* b_thr = Bg + r_k * p.B_st + c_k;                   // + (j*64 + 16*it) rows, + ks*64 cols
   const T* x_thr = Xrow + s_x * p.x_st + p_x;                  // + h heads, + (j*64 + it*rows) rows
   const int64_t b_step = 16 * p.B_st;
   const int64_t x_step = (kThreads / kXVec) * p.x_st;
-  auto issue = [&](int i) {
-    if (i < nsteps) {
-      char* stage = s_stages + (i % kStages) * Tr::kStageBytes;
-      if (i < n_cb) {
-        const int j = i / nk, ks = i % nk;
-        const bool col_ok = ks * kN + c_k < p.dstate;
-        const T* src = b_thr + j * kN * p.B_st + ks * kN;
+  auto issue_next = [&]() {
+    if (ph != kPhaseDone) {
+      char* stage = s_stages + (issued % kStages) * Tr::kStageBytes;
+      ++issued;
+      if (ph == kPhaseH) {
+        const char* hbase = prev_base + (h0 + cur_h) * prev_sh * prev_esz;
+        if (prev_native) {
+          const int n = cur_ks * kN + c_k;
+          const bool ok = n < p.dstate;
+          const T* src = reinterpret_cast<const T*>(hbase) + r_k * prev_sp + n;
+          const int64_t h_step = 16 * prev_sp;
+#pragma unroll
+          for (int it = 0; it < P / 16; ++it) cp_async_16(stage + off_k + it * 2048, ok ? src + it * h_step : Bg, ok);
+        } else {
+          load_h_convert<T, P>(stage, hbase, prev_dtype, prev_sp, cur_ks, p.dstate, off_k, r_k, c_k);
+        }
+        if (++cur_ks == nk) {
+          cur_ks = 0;
+          if (++cur_h == nh) { cur_h = 0; ph = kPhaseB; }
+        }
+      } else if (ph == kPhaseB) {
+        const bool col_ok = cur_ks * kN + c_k < p.dstate;
+        const T* src = b_thr + cur_j * kN * p.B_st + cur_ks * kN;
 #pragma unroll
         for (int it = 0; it < kN / 16; ++it) {
-          const bool ok = col_ok && j * kN + r_k + 16 * it < ci.count;
+          const bool ok = col_ok && cur_j * kN + r_k + 16 * it < ci.count;
           cp_async_16(stage + off_k + it * 2048, ok ? src + it * b_step : Bg, ok);
         }
+        if (++cur_ks == nk) { cur_ks = 0; ph = kPhaseX; }
       } else {
-        const int rr = i - n_cb;
-        const int64_t h = h0 + rr / per_head;
-        const int qq = rr % per_head;
-        if (qq < n_a) {
-          const char* hbase = prev_base + h * prev_sh * prev_esz;
-          if (prev_native) {
-            const int n = qq * kN + c_k;
-            const bool ok = n < p.dstate;
-            const T* src = reinterpret_cast<const T*>(hbase) + r_k * prev_sp + n;
-            const int64_t h_step = 16 * prev_sp;
+        const T* src = x_thr + (h0 + cur_h) * p.x_sh + cur_j * kN * p.x_st;
 #pragma unroll
-            for (int it = 0; it < P / 16; ++it) {
-              cp_async_16(stage + off_k + it * 2048, ok ? src + it * h_step : Bg, ok);
-            }
-          } else {
-            load_h_convert<T, P>(stage, hbase, prev_dtype, prev_sp, qq, p.dstate, off_k, r_k, c_k);
-          }
-        } else {
-          const int j = qq - n_a;
-          const T* src = x_thr + h * p.x_sh + j * kN * p.x_st;
-#pragma unroll
-          for (int it = 0; it < kN * kXVec / kThreads; ++it) {
-            const bool ok = j * kN + s_x + it * (kThreads / kXVec) < ci.count;
-            cp_async_16(stage + off_x + it * 2048, ok ? src + it * x_step : Bg, ok);
-          }
+        for (int it = 0; it < kN * kXVec / kThreads; ++it) {
+          const bool ok = cur_j * kN + s_x + it * (kThreads / kXVec) < ci.count;
+          cp_async_16(stage + off_x + it * 2048, ok ? src + it * x_step : Bg, ok);
+        }
+        if (++cur_h == nh) {
+          cur_h = 0;
+          ph = ++cur_j > m ? kPhaseDone : kPhaseB;
         }
       }
     }
     cp_async_commit();
   };
-
 #pragma unroll 1
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int s = 0; s < kStages - 1; ++s) issue_next();
+
+  // ---- per-thread rows and their sequence bounds (after the prologue group landed)
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+  // log2(dt') per slot (see the S step).
+#pragma unroll 1
+  for (int v = tid; v < nh * q; v += kThreads) s_dtp[v] = fast_log2(s_dtp[v]);
+  const int ra = acc_row(0), rb = acc_row(2);                  // rows within the block
+  const int t0 = m * kM + ra, t1 = m * kM + rb;                // rows within the chunk
+  int lo0 = 0, lo1 = 0;                                        // first token of the row's sequence
+  bool sees0 = true, sees1 = true;                             // the row sees the entering state
+  if (seq_row != nullptr) {
+    const int32_t seq_prev = ci.local > 0 ? seq_row[(ci.tok0 - 1) * p.seq_st] : 0;
+    const int last = ci.count - 1;
+    // seq_idx is non-decreasing: binary search for the first slot holding the row's value
+    // (slots past the chunk's end hold 0, so rows there are clamped to the last token).
+    auto first_of = [&](int t) {
+      const int32_t v = s_seq[min(t, last)];
+      int lo = 0, hi = min(t, last);
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (s_seq[mid] < v) lo = mid + 1; else hi = mid;
+      }
+      return lo;
+    };
+    lo0 = first_of(t0);
+    lo1 = first_of(t1);
+    sees0 = s_seq[min(t0, last)] == seq_prev;
+    sees1 = s_seq[min(t1, last)] == seq_prev;
+  }
 
   typename Tr::MmaCB mma_cb;
   typename Tr::MmaCH mma_ch;
@@ -249,189 +288,248 @@ __global__ void __launch_bounds__(kThreads) compute_out_kernel(const SsdParams p
   auto thr_cb = mma_cb.get_slice(tid);
   auto thr_ch = mma_ch.get_slice(tid);
   auto thr_sx = mma_sx.get_slice(tid);
-  const bool have_seq = seq_row != nullptr;
 
-  // One loop over all steps (a single copy of the load code): wait for step i's tiles (and the
-  // prologue), free the previous stage, issue step i + kStages - 1, then work on step i.
   Tensor cb = partition_fragment_C(mma_cb, Shape<Int<kM>, Int<kN>>{});   // (64 x 64) fp32
-  Tensor acc = partition_fragment_C(mma_ch, Shape<Int<kM>, Int<P>>{});   // (64 x P) fp32
-  Tensor s_frag = make_tensor<T>(partition_shape_A(mma_sx, Shape<Int<kM>, Int<kN>>{}));
-  static_assert(decltype(size(s_frag))::value == kM * kN / kThreads, "S fragment size");
-  constexpr int kAccVals = decltype(size(acc))::value;
-  const int t0 = m * kM + acc_row(0), t1 = m * kM + acc_row(2);
-  constexpr bool kPrefetchZ = P == 64;  // P = 128: registers go to the accumulator instead
-  uint32_t zraw[kPrefetchZ ? kAccVals / 2 : 1];
+  using AccFrag = decltype(partition_fragment_C(mma_ch, Shape<Int<kM>, Int<P>>{}));
+  AccFrag acc[HB];                                                        // (64 x P) fp32 per head
+  using SFrag = decltype(make_tensor<T>(partition_shape_A(mma_sx, Shape<Int<kM>, Int<kN>>{})));
+  SFrag sfrag;                                                            // S: the A operand
+  static_assert(decltype(size(sfrag))::value == kM * kN / kThreads, "S fragment size");
+  static_assert(decltype(size(cb))::value == kM * kN / kThreads, "CB fragment size");
+  constexpr int kCbVals = kM * kN / kThreads;
+  // Masked CB of block j in shared memory, in fragment order: float4 (v/4, thread). Each thread
+  // reads back only what it wrote, so no barrier is needed.
+  float4* cbm4 = reinterpret_cast<float4*>(s_cbm);
+  constexpr int kAccVals = decltype(size(acc[0]))::value;
   const bool io16 = p.io_dtype != DType::kFloat32;
-  int hh = 0, qq = 0;  // head-phase position
+  const int lane = tid % 32;
 
-#pragma unroll 1
-  for (int i = 0; i < nsteps; ++i) {
+  // One pipeline step: wait for its tiles, make them visible to the async proxy, then refill the
+  // stage of step i - 1 (its wgmma completed before the barrier).
+  int step = 0;
+  auto step_begin = [&]() -> char* {
     cp_async_wait<kStages - 2>();
     fence_async_shared();
     __syncthreads();
-    issue(i + kStages - 1);
-    char* stage = s_stages + (i % kStages) * Tr::kStageBytes;
+    issue_next();
+    return s_stages + (step % kStages) * Tr::kStageBytes;
+  };
 
-    if (i < n_cb) {
-      // ---- C_m B_j^T, kept in shared memory in fragment order (each thread later reads back
-      // exactly the values it wrote, so no barrier is needed).
-      const int j = i / nk, ks = i % nk;
-      if (ks == 0) clear(cb);
+  // ---- acc_h = C_m H_prev(h)^T
+  if (has_prev) {
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      if (h < nh) {
+#pragma unroll 1
+        for (int ks = 0; ks < nk; ++ks) {
+          char* stage = step_begin();
+          Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + ks * Tr::kSliceBytes)), typename Tr::LayoutC{});
+          Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutH{});
+          wgmma_issue(mma_ch, thr_ch.partition_fragment_A(sC), thr_ch.partition_fragment_B(sH), acc[h], ks == 0);
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc[h]);
+          ++step;
+        }
+      }
+    }
+  }
+
+#pragma unroll 1
+  for (int j = 0; j <= m; ++j) {
+    // ---- CB = C_m B_j^T over the dstate slices
+#pragma unroll 1
+    for (int ks = 0; ks < nk; ++ks) {
+      char* stage = step_begin();
       Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + ks * Tr::kSliceBytes)), typename Tr::LayoutC{});
       Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutB{});
-      wgmma_sync(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb);
-      if (ks == nk - 1) {
-#pragma unroll
-        for (int v = 0; v < size(cb); ++v) s_cb[(j * size(cb) + v) * kThreads + tid] = cb(v);
-      }
-      continue;
+      wgmma_issue(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb, ks == 0);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(cb);
+      ++step;
     }
 
-    const int64_t h = h0 + hh;
-    const float* cum_h = s_cum + hh * q;
-    if (qq == 0) {
-      clear(acc);
-      if constexpr (kPrefetchZ) {
-        // This head's gate, into registers now, used in the epilogue.
-        if (p.z != nullptr && io16) {
-          const T* zg = static_cast<const T*>(p.z) + ci.row * p.z_sb + ci.tok0 * p.z_st + h * p.z_sh;
+    // ---- per head: S from CB, acc_h += S X_hj
 #pragma unroll
-          for (int v = 0; v < kAccVals; v += 2) {
-            const int t = m * kM + acc_row(v);
-            zraw[v / 2] = t < ci.count ? *reinterpret_cast<const uint32_t*>(zg + t * p.z_st + acc_col(v)) : 0u;
+    for (int h = 0; h < HB; ++h) {
+      if (h < nh) {
+        char* stage = step_begin();
+        const float* cum_h = s_cum + h * q;
+        const float ct0 = cum_h[t0], ct1 = cum_h[t1];
+        if (h == 0) {
+          // The mask lo_t <= s <= t is the same for every head: applied once, into shared
+          // memory (registers stay free for the heads' accumulators).
+          const int hi0 = t0 - j * kN, hi1 = t1 - j * kN;   // keep c <= hi
+          const int lw0 = lo0 - j * kN, lw1 = lo1 - j * kN;  // keep c >= lw
+#pragma unroll
+          for (int v = 0; v < kCbVals; v += 4) {
+            float4 q4;
+            float* qv = reinterpret_cast<float*>(&q4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int c = acc_col(v + e);
+              const bool hi = ((v + e) >> 1) & 1;
+              qv[e] = (c <= (hi ? hi1 : hi0) && c >= (hi ? lw1 : lw0)) ? cb(v + e) : 0.0f;
+            }
+            cbm4[(v / 4) * kThreads + tid] = q4;
+          }
+          if (j == 0 && has_prev) {
+#pragma unroll
+            for (int hh = 0; hh < HB; ++hh) {
+              if (hh < nh) {
+                warpgroup_fence_operand(acc[hh]);
+                {
+                  // Decay from the chunk start to each token; other sequences see no state.
+                  const float* cum_hh = s_cum + hh * q;
+                  const float f0 = sees0 ? fast_exp2(fminf(cum_hh[t0], 0.0f)) : 0.0f;
+                  const float f1 = sees1 ? fast_exp2(fminf(cum_hh[t1], 0.0f)) : 0.0f;
+#pragma unroll
+                  for (int v = 0; v < kAccVals; ++v) acc[hh](v) *= ((v >> 1) & 1) ? f1 : f0;
+                }
+                warpgroup_fence_operand(acc[hh]);
+              }
+            }
           }
         }
-      }
-    }
-    if (qq < n_a) {
-      // ---- acc += C_m H_prev^T over one dstate slice
-      Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + qq * Tr::kSliceBytes)), typename Tr::LayoutC{});
-      Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutH{});
-      wgmma_sync(mma_ch, thr_ch.partition_fragment_A(sC), thr_ch.partition_fragment_B(sH), acc);
-      if (qq == n_a - 1) {
-        // Decay from the chunk start to each token; tokens of another sequence see no state.
-        float f0 = fast_exp2(fminf(cum_h[t0], 0.0f));
-        float f1 = fast_exp2(fminf(cum_h[t1], 0.0f));
-        if (have_seq) {
-          if (s_seq[t0] != seq_prev) f0 = 0.0f;
-          if (s_seq[t1] != seq_prev) f1 = 0.0f;
-        }
-#pragma unroll
-        for (int v = 0; v < kAccVals; ++v) acc(v) *= ((v >> 1) & 1) ? f1 : f0;
-      }
-    } else {
-      // ---- acc += S X_j with S = masked, decayed C_m B_j^T rounded to T (register A operand)
-      const int j = qq - n_a;
-      const float* dtp_h = s_dtp + hh * q;
-      const float ct0 = cum_h[t0], ct1 = cum_h[t1];
-      const int32_t q0 = have_seq ? s_seq[t0] : 0;
-      const int32_t q1 = have_seq ? s_seq[t1] : 0;
-#pragma unroll
-      for (int v = 0; v < size(s_frag); ++v) {
-        const bool hi = (v >> 1) & 1;
-        const int s = j * kN + acc_col(v);
-        bool keep = (j < m) || (s <= (hi ? t1 : t0));
-        if (have_seq) keep = keep && (s_seq[s] == (hi ? q1 : q0));
-        const float f = keep ? fast_exp2(fminf((hi ? ct1 : ct0) - cum_h[s], 0.0f)) * dtp_h[s] : 0.0f;
+        // S = CB * exp2(min(cum_t - cum_s, 0)) * dt'_s where lo_t <= s <= t, else 0; rounded to T.
+        // With l_s = log2(dt'_s) (prologue) the factor is exp2(min(cum_t - cum_s, 0) + l_s): the
+        // difference of the two running sums first (exact when they are close, which keeps the
+        // large-dt case accurate), then the log of dt' (0 gives -inf and a zero factor).
         // The fragment orders of a 64x64 fp32 accumulator and of a 64x64 16-bit A operand
         // coincide element for element (wgmma C and A register layouts), so v maps to v.
-        s_frag(v) = from_float<T>(s_cb[(j * size(s_frag) + v) * kThreads + tid] * f);
-      }
-      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutX{});
-      warpgroup_fence_operand(s_frag);
-      wgmma_sync(mma_sx, s_frag, thr_sx.partition_fragment_B(sX), acc);
-
-      if (j == m) {
-        // ---- epilogue of head h: (acc + D x) * silu(z) -> out; x_m is this stage's tile.
-        const float* s_dh = s_d + hh * P;
-        const int64_t tok_base = ci.row * p.out_sb + ci.tok0 * p.out_st + h * p.out_sh;
+        // Thread columns: 8k + 2 (lane % 4) + e; rows ra (v bit 1 clear) and rb (set).
+        // The clamp keeps every factor finite, so masked entries (cbm = 0) stay 0.
+        SFrag& sf = sfrag;
+        const float* c_j = cum_h + j * kN;
+        const float* l_j = s_dtp + h * q + j * kN;
 #pragma unroll
-        for (int v = 0; v < kAccVals; v += 2) {
-          const int r = acc_row(v), c = acc_col(v);
-          const int t = m * kM + r;
-          if (t >= ci.count) continue;
-          float y0 = acc(v), y1 = acc(v + 1);
-          if (p.D != nullptr) {
-            float x0, x1;
-            if (io16) {
-              const uint32_t xw = *reinterpret_cast<const uint32_t*>(&sX(c, r));
-              const T* xv = reinterpret_cast<const T*>(&xw);
-              x0 = to_float(xv[0]);
-              x1 = to_float(xv[1]);
-            } else {  // fp32 inputs: the residual in fp32, from the original x
-              const float2 xf = *reinterpret_cast<const float2*>(
-                  p.x_f32 + ci.row * p.xf_sb + (ci.tok0 + t) * p.xf_st + h * p.xf_sh + c);
-              x0 = xf.x;
-              x1 = xf.y;
-            }
-            y0 += s_dh[c] * x0;
-            y1 += s_dh[c + 1] * x1;
+        for (int k = 0; k < kN / 8; ++k) {
+          const int c = 8 * k + 2 * (lane % 4);
+          const float2 cs = *reinterpret_cast<const float2*>(c_j + c);
+          const float2 ls = *reinterpret_cast<const float2*>(l_j + c);
+          const float4 q4 = cbm4[k * kThreads + tid];  // values v = 4k .. 4k + 3
+          const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float ct = r ? ct1 : ct0;
+            const int v = 4 * k + 2 * r;
+            sf(v) = from_float<T>(qv[2 * r] * fast_exp2(fminf(ct - cs.x, 0.0f) + ls.x));
+            sf(v + 1) = from_float<T>(qv[2 * r + 1] * fast_exp2(fminf(ct - cs.y, 0.0f) + ls.y));
           }
-          if (p.z != nullptr) {
-            float z0, z1;
-            if (io16) {
-              uint32_t zw;
-              if constexpr (kPrefetchZ) zw = zraw[v / 2];
-              else zw = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.z) + ci.row * p.z_sb +
-                                                           (ci.tok0 + t) * p.z_st + h * p.z_sh + c);
-              const T* zv = reinterpret_cast<const T*>(&zw);
-              z0 = to_float(zv[0]);
-              z1 = to_float(zv[1]);
-            } else {
-              const float2 zf = *reinterpret_cast<const float2*>(static_cast<const float*>(p.z) + ci.row * p.z_sb +
-                                                                 (ci.tok0 + t) * p.z_st + h * p.z_sh + c);
-              z0 = zf.x;
-              z1 = zf.y;
-            }
-            y0 *= silu(z0);
-            y1 *= silu(z1);
-          }
-          const int64_t o = tok_base + t * p.out_st + c;
+        }
+        Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutX{});
+        warpgroup_fence_operand(sf);
+        // Without a previous state, the first block starts the accumulator.
+        wgmma_issue(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[h], j == 0 && !has_prev);
+        ++step;
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc[h]);
+      }
+    }
+  }
+  // ---- epilogue, per head: out = (acc + D x) * silu(z). After the loop (x again from global,
+  // where it is still in L2) so that the address math is not kept live across the loop.
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    if (h < nh) {
+      warpgroup_fence_operand(acc[h]);
+      const int64_t hg = h0 + h;
+      const float* s_dh = s_d + h * P;
+      const int64_t tok_base = ci.row * p.out_sb + ci.tok0 * p.out_st + hg * p.out_sh;
+#pragma unroll
+      for (int v = 0; v < kAccVals; v += 2) {
+        const int r = acc_row(v), c = acc_col(v);
+        const int t = m * kM + r;
+        if (t >= ci.count) continue;
+        float y0 = acc[h](v), y1 = acc[h](v + 1);
+        if (p.D != nullptr) {
+          float x0, x1;
           if (io16) {
-            T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + o) = *reinterpret_cast<const uint32_t*>(pair);
-          } else {
-            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + o) = make_float2(y0, y1);
+            const uint32_t xw = *reinterpret_cast<const uint32_t*>(Xrow + t * p.x_st + hg * p.x_sh + c);
+            const T* xv = reinterpret_cast<const T*>(&xw);
+            x0 = to_float(xv[0]);
+            x1 = to_float(xv[1]);
+          } else {  // fp32 inputs: the residual in fp32, from the original x
+            const float2 xf = *reinterpret_cast<const float2*>(
+                p.x_f32 + ci.row * p.xf_sb + (ci.tok0 + t) * p.xf_st + hg * p.xf_sh + c);
+            x0 = xf.x;
+            x1 = xf.y;
           }
+          y0 += s_dh[c] * x0;
+          y1 += s_dh[c + 1] * x1;
+        }
+        if (p.z != nullptr) {
+          float z0, z1;
+          if (io16) {
+            const uint32_t zw = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.z) + ci.row * p.z_sb +
+                                                                   (ci.tok0 + t) * p.z_st + hg * p.z_sh + c);
+            const T* zv = reinterpret_cast<const T*>(&zw);
+            z0 = to_float(zv[0]);
+            z1 = to_float(zv[1]);
+          } else {
+            const float2 zf = *reinterpret_cast<const float2*>(static_cast<const float*>(p.z) + ci.row * p.z_sb +
+                                                               (ci.tok0 + t) * p.z_st + hg * p.z_sh + c);
+            z0 = zf.x;
+            z1 = zf.y;
+          }
+          y0 *= silu(z0);
+          y1 *= silu(z1);
+        }
+        const int64_t o = tok_base + t * p.out_st + c;
+        if (io16) {
+          T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
+          *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + o) = *reinterpret_cast<const uint32_t*>(pair);
+        } else {
+          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + o) = make_float2(y0, y1);
         }
       }
     }
-    if (++qq == per_head) { qq = 0; ++hh; }
   }
   cp_async_wait<0>();
 }
 
-template <class T, int P, int kStages>
-void launch_typed(const SsdParams& p, int hb, cudaStream_t stream) {
+template <class T, int P, int HB, int kStages>
+void launch_typed(const SsdParams& p, cudaStream_t stream) {
   const int nk = (p.dstate + kN - 1) / kN;
-  const int smem = smem_bytes<T, P, kStages>(nk, p.chunk, hb);
-  auto kernel = compute_out_kernel<T, P, kStages>;
+  const int smem = smem_bytes<T, P, HB, kStages>(nk, p.chunk);
+  auto kernel = compute_out_kernel<T, P, HB, kStages>;
   static int attr_bytes = 0;  // per instantiation: raise the dynamic shared-memory limit when needed
   if (smem > attr_bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(compute_out)");
     attr_bytes = smem;
   }
-  const int64_t slices = (p.heads_per_group + hb - 1) / hb;
+  const int64_t slices = (p.heads_per_group + HB - 1) / HB;
   const int64_t blocks = p.batch * p.nchunks * (p.chunk / kM) * p.ngroups * slices;
   if (blocks > 0x7fffffffLL) {
     throw_launch_error("compute_out: too many chunks for one launch (grid would be " + std::to_string(blocks) +
                        " blocks)");
   }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p, hb);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "launch compute_out");
+}
+
+template <class T, int P>
+void launch_heads(const SsdParams& p, int hb, cudaStream_t stream) {
+  constexpr int kStages = 4;
+  if constexpr (P == 64) {
+    if (hb >= 4) return launch_typed<T, P, 4, kStages>(p, stream);
+  }
+  if (hb >= 2) return launch_typed<T, P, 2, kStages>(p, stream);
+  launch_typed<T, P, 1, kStages>(p, stream);
 }
 
 }  // namespace
 
+int compute_out_max_heads_per_cta(int headdim) { return headdim <= 64 ? 4 : 2; }
+
 void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStream_t stream) {
   const int hb = std::max(1, std::min(cfg.heads_per_cta, p.heads_per_group));
   if (p.headdim == 64) {
-    if (p.fp16) launch_typed<cutlass::half_t, 64, 4>(p, hb, stream);
-    else launch_typed<cutlass::bfloat16_t, 64, 4>(p, hb, stream);
+    if (p.fp16) launch_heads<cutlass::half_t, 64>(p, hb, stream);
+    else launch_heads<cutlass::bfloat16_t, 64>(p, hb, stream);
   } else {
-    if (p.fp16) launch_typed<cutlass::half_t, 128, 3>(p, hb, stream);
-    else launch_typed<cutlass::bfloat16_t, 128, 3>(p, hb, stream);
+    if (p.fp16) launch_heads<cutlass::half_t, 128>(p, hb, stream);
+    else launch_heads<cutlass::bfloat16_t, 128>(p, hb, stream);
   }
 }
 

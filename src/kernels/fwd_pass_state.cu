@@ -219,11 +219,18 @@ void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
 }
 
 template <class T, int NT>
-void launch_steps(const SsdParams& p, int64_t walks, cudaStream_t stream) {
+void launch_steps(const SsdParams& p, int64_t walks, int stages, cudaStream_t stream) {
   // Whole chunks per step where they fit (fewer barrier rounds per token); 64 for Q = 64.
-  // Enough stages that about 64-100 KB of loads are in flight per SM (one CTA per SM is common).
-  if (p.chunk == 64) launch_typed<T, NT, 64, 6>(p, walks, stream);
-  else launch_typed<T, NT, 128, 4>(p, walks, stream);
+  // Deep ring: about 64-100 KB of loads in flight per CTA, for one CTA per SM (few walks x
+  // heads). Shallow ring: two stages, so that two or three CTAs share an SM when there are many.
+  const bool deep = stages > 2;
+  if (p.chunk == 64) {
+    if (deep) launch_typed<T, NT, 64, 6>(p, walks, stream);
+    else launch_typed<T, NT, 64, 3>(p, walks, stream);
+  } else {
+    if (deep) launch_typed<T, NT, 128, 4>(p, walks, stream);
+    else launch_typed<T, NT, 128, 2>(p, walks, stream);
+  }
 }
 
 }  // namespace
@@ -233,11 +240,11 @@ void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaS
   if (walks == 0) return;
   const bool fp16 = p.fp16;
   if (cfg.dstate_tile == 32) {
-    if (fp16) launch_steps<cutlass::half_t, 32>(p, walks, stream);
-    else launch_steps<cutlass::bfloat16_t, 32>(p, walks, stream);
+    if (fp16) launch_steps<cutlass::half_t, 32>(p, walks, cfg.stages, stream);
+    else launch_steps<cutlass::bfloat16_t, 32>(p, walks, cfg.stages, stream);
   } else {
-    if (fp16) launch_steps<cutlass::half_t, 64>(p, walks, stream);
-    else launch_steps<cutlass::bfloat16_t, 64>(p, walks, stream);
+    if (fp16) launch_steps<cutlass::half_t, 64>(p, walks, cfg.stages, stream);
+    else launch_steps<cutlass::bfloat16_t, 64>(p, walks, cfg.stages, stream);
   }
 }
 

@@ -14,15 +14,22 @@ void check_cuda(cudaError_t err, const char* what);
 // Throws mamba2_ssd::Error (kind kUnsupported) for a shape a single launch cannot cover.
 [[noreturn]] void throw_launch_error(const std::string& message);
 
-// fwd_pass_state: dstate columns per CTA (64 or 32; 32 doubles the CTAs for small batches).
+// fwd_pass_state: dstate columns per CTA (64 or 32; 32 doubles the CTAs for small batches) and
+// the depth of its load ring (4: one CTA per SM with many loads in flight; 2: small enough for
+// two or three CTAs per SM when walks x heads is large).
 struct PassStateConfig {
   int dstate_tile = 64;
+  int stages = 4;
 };
 
-// compute_out: heads of one group served by one CTA (C B^T is computed once for them).
+// compute_out: heads of one group served by one CTA (C B^T is computed once for them; each head
+// keeps its output accumulator in registers, so the count is 1, 2 or 4 for headdim 64 and 1 or 2
+// for headdim 128).
 struct ComputeOutConfig {
-  int heads_per_cta = 8;
+  int heads_per_cta = 2;
 };
+// The largest heads_per_cta compiled for a headdim.
+int compute_out_max_heads_per_cta(int headdim);
 
 // varlen layout: chunk_offsets[i] = sum_{k<i} ceil(len_k / Q) (one CTA).
 void launch_chunk_offsets(const SsdParams& p, cudaStream_t stream);

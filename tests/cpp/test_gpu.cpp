@@ -2,6 +2,7 @@
 // outputs and workspace. Every test skips itself (with the reason) without a Hopper GPU.
 // Each comparison prints one "[gpu-err]" line; scripts/gpu-check.sh summarises them.
 #include <cuda_runtime.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "mamba2_ssd/api.hpp"
 #include "reference/reference.hpp"
 #include "test_util.hpp"
+#include "mamba2_ssd/tuning.hpp"
 
 namespace mamba2_ssd::test {
 namespace {
@@ -43,6 +45,25 @@ struct DeviceBuffer {
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+// Device copies of every present tensor of `prob`, with `gp`'s views pointing at them.
+struct DeviceMirror {
+  ForwardParams gp;
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+  std::map<std::string, void*> ptr;  // by tensor name
+  explicit DeviceMirror(Problem& prob) : gp(prob.params(Device::kCUDA)) {
+    auto host = prob.tensors();
+    std::map<std::string, HostTensor*> by_name(host.begin(), host.end());
+    for (TensorField& f : tensor_fields(gp)) {
+      if (!f.view->present()) continue;
+      HostTensor* ht = by_name.at(f.name);
+      bufs.push_back(std::make_unique<DeviceBuffer>(ht->nbytes()));
+      EXPECT_EQ(cudaMemcpy(bufs.back()->ptr, ht->view.data, ht->nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+      f.view->data = bufs.back()->ptr;
+      ptr[f.name] = bufs.back()->ptr;
+    }
+  }
 };
 
 // Tolerances (relative L2 against float64) for 16-bit inputs, as mamba_ssm's Triton kernels
@@ -207,6 +228,31 @@ TEST(Gpu, AnchorLikeShape) {
   c.nheads = 8;
   c.seed = 1;
   check_problem(c, "anchor");
+}
+
+// Every compiled kernel setting, explicitly, on shapes that exercise partial head slices
+// (heads per group not a multiple of the CTA's heads), seq_idx and both headdims.
+TEST(Gpu, EveryKernelSetting) {
+  SKIP_WITHOUT_GPU();
+  int seed = 900;
+  for (int64_t p : {64, 128}) {
+    for (int nt : {32, 64}) {
+      for (int stages : {2, 4}) {
+        for (int hb : {1, 2, 4}) {
+          if (p == 128 && hb == 4) continue;
+          ProblemConfig c = base_config();
+          c.headdim = p;
+          c.nheads = 6;
+          c.ngroups = 2;  // 3 heads per group: the last slice of 2 or 4 is partial
+          c.seqlen = 640;
+          c.seq_starts = {{200, 333}, {128}};
+          c.kernel_config = {nt, stages, hb};
+          c.seed = ++seed;
+          check_problem(c, "settings");
+        }
+      }
+    }
+  }
 }
 
 TEST(Gpu, SeqlenOneAndPartialChunks) {
@@ -442,20 +488,10 @@ TEST(Gpu, DeterministicAndGraphCapture) {
 
   // The same call captured into a CUDA graph and replayed gives the same bits.
   Problem prob2(c);
-  ForwardParams gp = prob2.params(Device::kCUDA);
-  auto host = prob2.tensors();
-  std::map<std::string, HostTensor*> by_name(host.begin(), host.end());
-  std::vector<std::unique_ptr<DeviceBuffer>> bufs;
-  HostTensor* out_host = by_name.at("out");
-  void* out_dev = nullptr;
-  for (TensorField& f : tensor_fields(gp)) {
-    if (!f.view->present()) continue;
-    HostTensor* ht = by_name.at(f.name);
-    bufs.push_back(std::make_unique<DeviceBuffer>(ht->nbytes()));
-    CUDA_OK(cudaMemcpy(bufs.back()->ptr, ht->view.data, ht->nbytes(), cudaMemcpyHostToDevice));
-    f.view->data = bufs.back()->ptr;
-    if (f.name == "out") out_dev = bufs.back()->ptr;
-  }
+  DeviceMirror dm(prob2);
+  const ForwardParams& gp = dm.gp;
+  HostTensor* out_host = &prob2.out;
+  void* out_dev = dm.ptr.at("out");
   DeviceBuffer ws(workspace_size(gp));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
@@ -475,6 +511,68 @@ TEST(Gpu, DeterministicAndGraphCapture) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// tune() measures the settings, stores the best in the cache file, and forward() then uses it;
+// tune() refuses to run while the stream captures a graph.
+TEST(Gpu, TuneStoresTheBestSettingAndForwardUsesIt) {
+  SKIP_WITHOUT_GPU();
+  const std::string path = "/tmp/mamba2_ssd_test_tuning_" + std::to_string(::getpid()) + ".json";
+  std::remove(path.c_str());
+  ::setenv("MAMBA2_SSD_TUNING_CACHE", path.c_str(), 1);
+  reset_tuning_cache();
+  EXPECT_EQ(tuning_cache_path(), path);
+
+  ProblemConfig c = base_config();
+  c.seqlen = 2048;
+  c.nheads = 8;
+  c.seed = 1200;
+  Problem prob(c);
+  DeviceMirror dm(prob);
+  DeviceBuffer ws(workspace_size(dm.gp));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  std::string source;
+  const KernelConfig before = kernel_config_for(dm.gp, &source);
+  EXPECT_EQ(source, "heuristic");
+  std::vector<std::string> lines;
+  TuneOptions opt;
+  opt.progress = [&](const std::string& l) { lines.push_back(l); };
+  const TuneResult r = tune(dm.gp, ws.ptr, ws.bytes, reinterpret_cast<CUstream_st*>(stream), opt);
+  EXPECT_TRUE(r.complete);
+  EXPECT_EQ(r.heuristic, before);
+  // 4 fwd_pass_state settings + compute_out heads 1, 2, 4 (8 heads in one group).
+  EXPECT_EQ(r.measured.size(), 7u);
+  EXPECT_EQ(lines.size(), r.measured.size());
+  for (const auto& m : r.measured) EXPECT_GT(m.ms, 0.0) << m.kernel << " " << m.setting;
+  EXPECT_GT(r.best_ms, 0.0);
+  EXPECT_LE(r.best_ms, r.heuristic_ms + 1e-9);
+  const KernelConfig now = kernel_config_for(dm.gp, &source);
+  EXPECT_EQ(source, "cache");
+  EXPECT_EQ(now, r.best);
+  // The file holds the entry: a fresh in-memory cache finds it again.
+  reset_tuning_cache();
+  EXPECT_EQ(kernel_config_for(dm.gp, &source), r.best);
+  EXPECT_EQ(source, "cache");
+  EXPECT_EQ(tuning_key(dm.gp), r.key);
+  // The output of a forward with the tuned setting matches the reference.
+  CUDA_OK(cudaMemset(dm.ptr.at("out"), 0xff, prob.out.nbytes()));
+  forward(dm.gp, ws.ptr, ws.bytes, reinterpret_cast<CUstream_st*>(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(prob.out.view.data, dm.ptr.at("out"), prob.out.nbytes(), cudaMemcpyDeviceToHost));
+  const reference::F64Outputs ref = reference::forward_f64(prob.params(Device::kCPU), prob.shape);
+  EXPECT_LE(rel_l2(prob.out.view, ref.out), kTolOut);
+  // Never during capture.
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  EXPECT_THROW(tune(dm.gp, ws.ptr, ws.bytes, reinterpret_cast<CUstream_st*>(stream)), Error);
+  cudaGraph_t g = nullptr;
+  (void)cudaStreamEndCapture(stream, &g);
+  if (g) cudaGraphDestroy(g);
+  (void)cudaGetLastError();
+  cudaStreamDestroy(stream);
+  ::unsetenv("MAMBA2_SSD_TUNING_CACHE");
+  reset_tuning_cache();
+  std::remove(path.c_str());
 }
 
 // A tensor spanning more than 2^31 elements: row 1 of x/z/out starts past element 2^31, so any

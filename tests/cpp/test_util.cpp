@@ -1,5 +1,7 @@
 #include "test_util.hpp"
 
+#include "mamba2_ssd/tuning.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <algorithm>
@@ -197,6 +199,7 @@ std::string ProblemConfig::describe() const {
     << " chunk_states=" << want_chunk_states
     << " state_dtype=" << (state_dtype ? dtype_str(*state_dtype) : "default")
     << " chunk_offsets=" << want_chunk_offsets << " padded=" << padded_strides << " seed=" << seed;
+  if (kernel_config != KernelConfig{}) o << " kernels=" << to_string(kernel_config);
   return o.str();
 }
 
@@ -386,6 +389,7 @@ ForwardParams Problem::params(Device d) {
   p.chunk_states = chunk_states.view;
   p.chunk_offsets = chunk_offsets.view;
   p.state_dtype = cfg.state_dtype;
+  p.kernel_config = cfg.kernel_config;
   return p;
 }
 

@@ -160,6 +160,7 @@ struct ProblemConfig {
   bool want_varlen_states = false;  // batched layout with seqlens
   bool want_chunk_states = false;
   std::optional<DType> state_dtype;  // unset: the dtype of C
+  KernelConfig kernel_config;        // GPU kernel settings (0 fields: cache or heuristic)
   bool want_chunk_offsets = false;   // varlen layout
   int64_t chunk_capacity_extra = 0;  // varlen: chunk_states rows beyond max_varlen_chunks
   bool padded_strides = false;

@@ -217,6 +217,31 @@ def test_gpu_out_and_streams():
         assert torch.equal(o2, ref)
 
 
+def test_gpu_tune_caches_the_best_setting(tmp_path, monkeypatch):
+    cache = tmp_path / "tuning.json"
+    monkeypatch.setenv("MAMBA2_SSD_TUNING_CACHE", str(cache))
+    mamba2_ssd.reset_tuning_cache()
+    try:
+        assert mamba2_ssd.tuning_cache_path() == str(cache)
+        x, dt, A, B, C = make(2, 1000, 8, 64, 1, 128, torch.bfloat16, seed=7)
+        with torch.no_grad():
+            before = mamba_chunk_scan_combined(x, dt, A, B, C, 128, D=A.new_ones(8))
+            r = mamba2_ssd.tune(x, dt, A, B, C, 128, D=A.new_ones(8), budget_seconds=30)
+            after = mamba_chunk_scan_combined(x, dt, A, B, C, 128, D=A.new_ones(8))
+        assert r["complete"] and r["key"]
+        assert len(r["measured"]) == 7  # 4 fwd_pass_state settings, heads 1/2/4
+        assert 0 < r["best_ms"] <= r["heuristic_ms"]
+        assert r["best"]["compute_out_heads_per_cta"] in (1, 2, 4)
+        assert cache.exists() and r["key"] in cache.read_text()
+        # Every setting computes the same values.
+        assert rel_l2(after, before) < 1e-6
+        with pytest.raises(mamba2_ssd.UnsupportedError):
+            mamba2_ssd.tune(x.cpu(), dt.cpu(), A.cpu(), B.cpu(), C.cpu(), 128)
+    finally:
+        monkeypatch.delenv("MAMBA2_SSD_TUNING_CACHE")
+        mamba2_ssd.reset_tuning_cache()
+
+
 def test_gpu_misaligned_inputs_are_copied():
     """Views the kernels cannot take directly (not 16-byte aligned) are copied, not refused:
     mamba_ssm's Triton kernels accept them."""

@@ -1,0 +1,76 @@
+// tune(), the kernel-setting queries and the tuning cache controls of the public API.
+#include <string>
+
+#include "dispatch/tuning.hpp"
+#include "dispatch/tuning_cache.hpp"
+#include "mamba2_ssd/api.hpp"
+#include "mamba2_ssd/tuning.hpp"
+#ifdef MAMBA2_SSD_WITH_CUDA
+#include "dispatch/launch.hpp"
+#endif
+
+namespace mamba2_ssd {
+
+std::string to_string(const KernelConfig& c) {
+  return "nt=" + std::to_string(c.pass_state_dstate_tile) + " stages=" + std::to_string(c.pass_state_stages) +
+         " heads=" + std::to_string(c.compute_out_heads_per_cta);
+}
+
+namespace {
+void require_gpu_call(const ForwardParams& p, const char* what) {
+  if (p.device != Device::kCUDA) {
+    throw Error(Error::Kind::kUnsupported, "device",
+                std::string("device: ") + what + " concerns the GPU kernels; the call has Device::kCPU");
+  }
+#ifndef MAMBA2_SSD_WITH_CUDA
+  throw Error(Error::Kind::kUnsupported, "device",
+              std::string("device: ") + what + " needs the CUDA kernels, and this build has none (MAMBA2_SSD_CUDA=OFF)");
+#endif
+}
+}  // namespace
+
+TuneResult tune(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, CUstream_st* stream,
+                const TuneOptions& options) {
+  const ProblemShape s = validate(p);
+  require_gpu_call(p, "tune()");
+#ifdef MAMBA2_SSD_WITH_CUDA
+  const std::size_t need = workspace_size(p);
+  if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
+    throw Error(Error::Kind::kInvalidArgument, "workspace",
+                "workspace: expected at least " + std::to_string(need) + " bytes (workspace_size()), got " +
+                    std::to_string(workspace == nullptr ? 0 : workspace_bytes));
+  }
+  return detail::gpu_tune(p, s, workspace, workspace_bytes, stream, options);
+#else
+  (void)s; (void)workspace; (void)workspace_bytes; (void)stream; (void)options;
+  return {};
+#endif
+}
+
+KernelConfig kernel_config_for(const ForwardParams& p, std::string* source) {
+  const ProblemShape s = validate(p);
+  require_gpu_call(p, "kernel_config_for()");
+#ifdef MAMBA2_SSD_WITH_CUDA
+  return detail::resolve_kernel_config(p, s, source, nullptr);
+#else
+  (void)s; (void)source;
+  return {};
+#endif
+}
+
+std::string tuning_key(const ForwardParams& p) {
+  const ProblemShape s = validate(p);
+  require_gpu_call(p, "tuning_key()");
+#ifdef MAMBA2_SSD_WITH_CUDA
+  return detail::make_tuning_key(detail::current_device_id(), p, s);
+#else
+  (void)s;
+  return {};
+#endif
+}
+
+std::string tuning_cache_path() { return detail::TuningCache::instance().path(); }
+
+void reset_tuning_cache() { detail::TuningCache::instance().reset(); }
+
+}  // namespace mamba2_ssd

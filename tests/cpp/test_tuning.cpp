@@ -1,0 +1,216 @@
+// The tuning cache without a GPU: shape-class keys, the JSON file format, the file location from
+// the environment, persistence across a reset, and validate()'s checks of explicit settings.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "dispatch/tuning.hpp"
+#include "dispatch/tuning_cache.hpp"
+#include "mamba2_ssd/api.hpp"
+#include "mamba2_ssd/tuning.hpp"
+#include "test_util.hpp"
+
+namespace mamba2_ssd::test {
+namespace {
+
+using detail::DeviceId;
+using detail::TuningEntry;
+
+ProblemConfig small_config() {
+  ProblemConfig c;
+  c.batch = 2;
+  c.seqlen = 300;
+  c.nheads = 4;
+  c.ngroups = 1;
+  c.headdim = 64;
+  c.dstate = 64;
+  c.chunk_size = 64;
+  c.has_initial_states = true;
+  return c;
+}
+
+std::string key_of(const ProblemConfig& c, const DeviceId& dev = {"NVIDIA H200", 132}) {
+  Problem prob(c);
+  ForwardParams p = prob.params(Device::kCPU);
+  return detail::make_tuning_key(dev, p, validate(p));
+}
+
+// A temporary cache file named by MAMBA2_SSD_TUNING_CACHE for one test.
+struct TempCacheFile {
+  std::string path;
+  TempCacheFile() {
+    path = "/tmp/mamba2_ssd_tuning_test_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".json";
+    std::remove(path.c_str());
+    ::setenv("MAMBA2_SSD_TUNING_CACHE", path.c_str(), 1);
+    reset_tuning_cache();
+  }
+  ~TempCacheFile() {
+    std::remove(path.c_str());
+    ::unsetenv("MAMBA2_SSD_TUNING_CACHE");
+    reset_tuning_cache();
+  }
+};
+
+TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
+  const ProblemConfig base = small_config();
+  const std::string k = key_of(base);
+  EXPECT_EQ(k, key_of(base));
+  ProblemConfig c = base;
+  c.seqlen = 280;  // same power-of-two bucket of tokens per row (512)
+  EXPECT_EQ(key_of(c), k);
+  c.seqlen = 1000;
+  EXPECT_NE(key_of(c), k);
+  c = base; c.dstate = 128; EXPECT_NE(key_of(c), k);
+  c = base; c.headdim = 128; EXPECT_NE(key_of(c), k);
+  c = base; c.chunk_size = 128; EXPECT_NE(key_of(c), k);
+  c = base; c.nheads = 8; EXPECT_NE(key_of(c), k);
+  c = base; c.ngroups = 2; EXPECT_NE(key_of(c), k);
+  c = base; c.batch = 3; EXPECT_NE(key_of(c), k);
+  c = base; c.dtype = DType::kFloat16; c.dt_dtype = DType::kFloat16; EXPECT_NE(key_of(c), k);
+  c = base; c.has_initial_states = false; EXPECT_NE(key_of(c), k);
+  c = base; c.has_z = true; EXPECT_NE(key_of(c), k);
+  EXPECT_NE(key_of(base, {"NVIDIA H100 80GB HBM3", 132}), k);
+  EXPECT_NE(key_of(base, {"NVIDIA H200", 114}), k);
+  // Walk counts above 8 share power-of-two buckets.
+  c = base; c.batch = 9;
+  ProblemConfig d = base; d.batch = 16;
+  EXPECT_EQ(key_of(c), key_of(d));
+}
+
+TEST(TuningJson, RoundTripAndUnknownFieldsAreSkipped) {
+  std::map<std::string, TuningEntry> a;
+  a["dev|sm132|bf16|p64"] = {{32, 4, 2}, 1.25, 1.5};
+  a["dev|sm132|f16|p128"] = {{64, 2, 1}, 0.5, 0.75};
+  const std::string text = detail::to_tuning_json(a);
+  std::map<std::string, TuningEntry> b;
+  std::string why;
+  ASSERT_TRUE(detail::parse_tuning_json(text, b, &why)) << why;
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b["dev|sm132|bf16|p64"].config, (KernelConfig{32, 4, 2}));
+  EXPECT_DOUBLE_EQ(b["dev|sm132|bf16|p64"].ms, 1.25);
+  EXPECT_EQ(b["dev|sm132|f16|p128"].config, (KernelConfig{64, 2, 1}));
+  // A later version's extra fields are ignored.
+  const std::string extra =
+      "{\"version\": 1, \"note\": {\"x\": [1, 2, \"y\"]}, \"entries\": [{\"key\": \"k\", \"future\": true, "
+      "\"pass_state_dstate_tile\": 64, \"pass_state_stages\": 4, \"compute_out_heads_per_cta\": 4}]}";
+  std::map<std::string, TuningEntry> c;
+  ASSERT_TRUE(detail::parse_tuning_json(extra, c, &why)) << why;
+  EXPECT_EQ(c["k"].config, (KernelConfig{64, 4, 4}));
+}
+
+TEST(TuningJson, BadTextIsRejectedWithAReason) {
+  std::map<std::string, TuningEntry> e;
+  std::string why;
+  for (const char* bad : {"", "{", "[]", "{\"version\": 2, \"entries\": []}", "{\"entries\": []}",
+                          "{\"version\": 1, \"entries\": [{\"key\": \"k\", \"pass_state_dstate_tile\": 48, "
+                          "\"pass_state_stages\": 4, \"compute_out_heads_per_cta\": 2}]}",
+                          "{\"version\": 1, \"entries\": [{\"pass_state_dstate_tile\": 32}]}",
+                          "{\"version\": 1, \"entries\": [{\"key\": \"k\" \"x\": 1}]}"}) {
+    why.clear();
+    EXPECT_FALSE(detail::parse_tuning_json(bad, e, &why)) << bad;
+    EXPECT_FALSE(why.empty()) << bad;
+  }
+}
+
+TEST(TuningCacheFile, LocationFromTheEnvironment) {
+  ::setenv("MAMBA2_SSD_TUNING_CACHE", "off", 1);
+  EXPECT_EQ(detail::tuning_cache_file_from_env(), "");
+  ::setenv("MAMBA2_SSD_TUNING_CACHE", "/some/where.json", 1);
+  EXPECT_EQ(detail::tuning_cache_file_from_env(), "/some/where.json");
+  ::unsetenv("MAMBA2_SSD_TUNING_CACHE");
+  ::setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(detail::tuning_cache_file_from_env(), "/xdg/mamba2_ssd/tuning.json");
+  ::unsetenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && home[0] != '\0') {
+    EXPECT_EQ(detail::tuning_cache_file_from_env(), std::string(home) + "/.cache/mamba2_ssd/tuning.json");
+  }
+}
+
+TEST(TuningCacheFile, StoredEntriesSurviveAResetAndOtherEntriesAreMerged) {
+  TempCacheFile tmp;
+  auto& cache = detail::TuningCache::instance();
+  EXPECT_EQ(cache.path(), tmp.path);
+  EXPECT_FALSE(cache.find("a").has_value());
+  cache.store("a", {{32, 2, 1}, 1.0, 2.0}, true);
+  // Another process adds an entry to the file meanwhile.
+  {
+    std::map<std::string, TuningEntry> other;
+    other["b"] = {{64, 4, 4}, 3.0, 3.0};
+    other["a"] = {{32, 2, 1}, 1.0, 2.0};
+    std::ofstream(tmp.path) << detail::to_tuning_json(other);
+  }
+  cache.store("c", {{64, 2, 2}, 1.0, 1.0}, true);
+  reset_tuning_cache();
+  ASSERT_TRUE(cache.find("a").has_value());
+  EXPECT_EQ(cache.find("a")->config, (KernelConfig{32, 2, 1}));
+  ASSERT_TRUE(cache.find("b").has_value());
+  EXPECT_EQ(cache.find("b")->config, (KernelConfig{64, 4, 4}));
+  ASSERT_TRUE(cache.find("c").has_value());
+  // Not persisted: gone after a reset.
+  cache.store("d", {{64, 2, 2}, 1.0, 1.0}, false);
+  EXPECT_TRUE(cache.find("d").has_value());
+  reset_tuning_cache();
+  EXPECT_FALSE(cache.find("d").has_value());
+}
+
+TEST(TuningCacheFile, AnUnreadableFileIsIgnored) {
+  TempCacheFile tmp;
+  std::ofstream(tmp.path) << "not json at all";
+  EXPECT_FALSE(detail::TuningCache::instance().find("a").has_value());
+  // Storing replaces it with a valid file.
+  detail::TuningCache::instance().store("a", {{32, 4, 2}, 1.0, 1.0}, true);
+  reset_tuning_cache();
+  EXPECT_TRUE(detail::TuningCache::instance().find("a").has_value());
+}
+
+TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
+  for (int64_t p : {64, 128})
+    for (int64_t h : {1, 3, 8, 80})
+      for (int64_t walks : {1, 4, 64}) {
+        ProblemShape s;
+        s.batch = walks; s.nheads = h; s.ngroups = 1; s.headdim = p; s.dstate = 128;
+        const KernelConfig c = detail::heuristic_config(s, walks, 128, 132);
+        EXPECT_TRUE(c.pass_state_dstate_tile == 32 || c.pass_state_dstate_tile == 64);
+        EXPECT_TRUE(c.pass_state_stages == 2 || c.pass_state_stages == 4);
+        EXPECT_GE(c.compute_out_heads_per_cta, 1);
+        EXPECT_LE(c.compute_out_heads_per_cta, std::min<int64_t>(h, p == 64 ? 4 : 2));
+        EXPECT_EQ(c.compute_out_heads_per_cta & (c.compute_out_heads_per_cta - 1), 0);
+      }
+}
+
+TEST(TuningValidate, ExplicitSettingsAreChecked) {
+  ProblemConfig c = small_config();
+  Problem prob(c);
+  ForwardParams p = prob.params(Device::kCPU);
+  p.kernel_config = {32, 4, 4};
+  EXPECT_NO_THROW(validate(p));
+  auto expect_bad = [&](KernelConfig kc, const char* arg, const char* text) {
+    ForwardParams q = p;
+    q.kernel_config = kc;
+    try {
+      validate(q);
+      ADD_FAILURE() << "no error for " << to_string(kc);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg);
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_bad({48, 0, 0}, "kernel_config.pass_state_dstate_tile", "got 48");
+  expect_bad({0, 3, 0}, "kernel_config.pass_state_stages", "got 3");
+  expect_bad({0, 0, 3}, "kernel_config.compute_out_heads_per_cta", "got 3");
+  expect_bad({0, 0, 8}, "kernel_config.compute_out_heads_per_cta", "1, 2 or 4 for headdim 64");
+  c.headdim = 128;
+  Problem prob128(c);
+  p = prob128.params(Device::kCPU);
+  expect_bad({0, 0, 4}, "kernel_config.compute_out_heads_per_cta", "1 or 2 for headdim 128");
+}
+
+}  // namespace
+}  // namespace mamba2_ssd::test
