@@ -18,6 +18,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include "mamba2_ssd/mamba2_ssd.hpp"
 
