@@ -2,12 +2,16 @@
 #include "cli_problem.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <new>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "common/host_float.hpp"
 
@@ -141,12 +145,33 @@ namespace {
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 double softplus(double v) { return v > 20.0 ? v : std::log1p(std::exp(v)); }
 
-// Fills `t` in row-major order from its own random stream.
+// Fills `t` in row-major order: blocks of 2^20 elements, each from its own random stream
+// (seed, tensor name, block index), drawn on all hardware threads. The values do not depend on
+// the thread count; large shapes (a 256K-token problem has ~1.5e9 values) fill in seconds.
 template <class Draw>
 void fill(HostTensor& t, uint64_t seed, Draw draw) {
-  Random rng(seed, t.name.c_str());
+  constexpr int64_t kBlock = int64_t(1) << 20;
   const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) mamba2_ssd::host::store_from_double(t.data(), t.dtype, i, draw(rng));
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  auto fill_block = [&](int64_t b) {
+    const std::string stream = b == 0 ? t.name : t.name + "#" + std::to_string(b);
+    Random rng(seed, stream.c_str());
+    const int64_t end = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) mamba2_ssd::host::store_from_double(t.data(), t.dtype, i, draw(rng));
+  };
+  const int64_t workers = std::min<int64_t>(blocks, std::max(1u, std::thread::hardware_concurrency()));
+  if (workers <= 1) {
+    for (int64_t b = 0; b < blocks; ++b) fill_block(b);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> pool;
+  for (int64_t w = 0; w < workers; ++w) {
+    pool.emplace_back([&] {
+      for (int64_t b = next++; b < blocks; b = next++) fill_block(b);
+    });
+  }
+  for (std::thread& th : pool) th.join();
 }
 
 // `count` sequences of >= 1 token each, of random lengths summing to `total`: count - 1
