@@ -84,6 +84,12 @@ Tok3 tok_strides(const TensorView& t, Layout l) {
   return {0, t.stride(0), t.stride(1)};
 }
 
+// Strides of a (walk, head, headdim, dstate) state tensor: initial, final and varlen states.
+struct StateStrides {
+  int64_t s_walk, s_head, s_p;
+};
+StateStrides state_strides(const TensorView& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
 void check_device_once() {
   static std::mutex mu;
   static int checked_device = -1;
@@ -180,9 +186,8 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   if (p.initial_states.present()) {
     k.init = p.initial_states.data;
     k.init_dtype = p.initial_states.dtype;
-    k.init_sb = p.initial_states.stride(0);
-    k.init_sh = p.initial_states.stride(1);
-    k.init_sp = p.initial_states.stride(2);
+    const StateStrides st = state_strides(p.initial_states);
+    k.init_sb = st.s_walk; k.init_sh = st.s_head; k.init_sp = st.s_p;
   }
   if (p.seq_idx.present()) {
     k.seq_idx = static_cast<const int32_t*>(p.seq_idx.data);
@@ -219,16 +224,14 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   if (p.final_states.present()) {
     k.final_states = p.final_states.data;
     k.fin_dtype = p.final_states.dtype;
-    k.fin_sb = p.final_states.stride(0);
-    k.fin_sh = p.final_states.stride(1);
-    k.fin_sp = p.final_states.stride(2);
+    const StateStrides st = state_strides(p.final_states);
+    k.fin_sb = st.s_walk; k.fin_sh = st.s_head; k.fin_sp = st.s_p;
   }
   if (p.varlen_states.present()) {
     k.varlen_states = p.varlen_states.data;
     k.vs_dtype = p.varlen_states.dtype;
-    k.vs_sb = p.varlen_states.stride(0);
-    k.vs_sh = p.varlen_states.stride(1);
-    k.vs_sp = p.varlen_states.stride(2);
+    const StateStrides st = state_strides(p.varlen_states);
+    k.vs_sb = st.s_walk; k.vs_sh = st.s_head; k.vs_sp = st.s_p;
   }
 
   return k;
@@ -413,7 +416,7 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
 
   // fwd_pass_state: the heuristic's setting first, then the others while the budget lasts.
   std::vector<std::pair<int, int>> ps = {{r.heuristic.pass_state_dstate_tile, r.heuristic.pass_state_stages}};
-  for (int nt : {32, 64}) {
+  for (int nt : {16, 32, 64}) {
     for (int st : {4, 2}) {
       if (nt != ps[0].first || st != ps[0].second) ps.push_back({nt, st});
     }
