@@ -29,7 +29,7 @@ const char* layout_name(Layout l);
 // Settings of the compiled GPU kernel variants (include/mamba2_ssd/tuning.hpp says how
 // forward() picks them). 0 means "not set". Every valid setting computes the same result.
 struct KernelConfig {
-  int pass_state_dstate_tile = 0;     // fwd_pass_state: dstate columns per CTA, 16, 32 or 64
+  int pass_state_dstate_tile = 0;     // fwd_pass_state: dstate columns per CTA, 32 or 64
   int pass_state_stages = 0;          // fwd_pass_state: load-ring depth, 2 or 4
   int compute_out_heads_per_cta = 0;  // compute_out: 1, 2 or 4 (headdim 64), 1 or 2 (headdim 128)
 

@@ -607,9 +607,9 @@ ProblemShape validate(const ForwardParams& p) {
   // ---- 11b. explicit kernel settings (0: unset)
   {
     const KernelConfig& kc = p.kernel_config;
-    const int nt = kc.pass_state_dstate_tile;
-    if (nt != 0 && nt != 16 && nt != 32 && nt != 64) {
-      fail("kernel_config.pass_state_dstate_tile", "expected 0 (unset), 16, 32 or 64, got " + str(nt));
+    if (kc.pass_state_dstate_tile != 0 && kc.pass_state_dstate_tile != 32 && kc.pass_state_dstate_tile != 64) {
+      fail("kernel_config.pass_state_dstate_tile",
+           "expected 0 (unset), 32 or 64, got " + str(kc.pass_state_dstate_tile));
     }
     if (kc.pass_state_stages != 0 && kc.pass_state_stages != 2 && kc.pass_state_stages != 4) {
       fail("kernel_config.pass_state_stages", "expected 0 (unset), 2 or 4, got " + str(kc.pass_state_stages));

@@ -416,7 +416,7 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
 
   // fwd_pass_state: the heuristic's setting first, then the others while the budget lasts.
   std::vector<std::pair<int, int>> ps = {{r.heuristic.pass_state_dstate_tile, r.heuristic.pass_state_stages}};
-  for (int nt : {16, 32, 64}) {
+  for (int nt : {32, 64}) {
     for (int st : {4, 2}) {
       if (nt != ps[0].first || st != ps[0].second) ps.push_back({nt, st});
     }

@@ -143,8 +143,7 @@ bool parse_entry(Reader& r, std::map<std::string, TuningEntry>& entries) {
     if (!r.expect('}')) return false;
   }
   const KernelConfig& c = e.config;
-  const bool valid = (c.pass_state_dstate_tile == 16 || c.pass_state_dstate_tile == 32 ||
-                      c.pass_state_dstate_tile == 64) &&
+  const bool valid = (c.pass_state_dstate_tile == 32 || c.pass_state_dstate_tile == 64) &&
                      (c.pass_state_stages == 2 || c.pass_state_stages == 4) &&
                      (c.compute_out_heads_per_cta == 1 || c.compute_out_heads_per_cta == 2 ||
                       c.compute_out_heads_per_cta == 4);

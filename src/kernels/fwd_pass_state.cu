@@ -55,9 +55,7 @@ __device__ __forceinline__ ChunkInfo walk_chunk(const SsdParams& p, const Walk& 
 template <class T, int NT, int KS>
 struct PassTiles {
   using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<st::kP>, Int<KS>>{}));
-  // The swizzle atom spans the tile's NT contiguous values (2 bytes each).
-  using AtomB = std::conditional_t<NT == 16, GMMA::Layout_MN_SW32_Atom<T>,
-                                   std::conditional_t<NT == 32, GMMA::Layout_MN_SW64_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>>;
+  using AtomB = std::conditional_t<NT == 32, GMMA::Layout_MN_SW64_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
   using LayoutB = decltype(tile_to_shape(AtomB{}, Shape<Int<NT>, Int<KS>>{}));
   using Mma = decltype(make_tiled_mma(
       GMMA::ss_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>, GMMA::Major::MN, GMMA::Major::MN>()));
@@ -241,10 +239,7 @@ void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaS
   const int64_t walks = p.varlen ? p.nseq : p.batch;
   if (walks == 0) return;
   const bool fp16 = p.fp16;
-  if (cfg.dstate_tile == 16) {
-    if (fp16) launch_steps<cutlass::half_t, 16>(p, walks, cfg.stages, stream);
-    else launch_steps<cutlass::bfloat16_t, 16>(p, walks, cfg.stages, stream);
-  } else if (cfg.dstate_tile == 32) {
+  if (cfg.dstate_tile == 32) {
     if (fp16) launch_steps<cutlass::half_t, 32>(p, walks, cfg.stages, stream);
     else launch_steps<cutlass::bfloat16_t, 32>(p, walks, cfg.stages, stream);
   } else {

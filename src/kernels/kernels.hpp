@@ -14,8 +14,7 @@ void check_cuda(cudaError_t err, const char* what);
 // Throws mamba2_ssd::Error (kind kUnsupported) for a shape a single launch cannot cover.
 [[noreturn]] void throw_launch_error(const std::string& message);
 
-// fwd_pass_state: dstate columns per CTA (64, 32 or 16; smaller tiles give more CTAs when walks x
-// heads is small, at the price of re-reading X from L2 once per tile) and
+// fwd_pass_state: dstate columns per CTA (64 or 32; 32 doubles the CTAs for small batches) and
 // the depth of its load ring (4: one CTA per SM with many loads in flight; 2: small enough for
 // two or three CTAs per SM when walks x heads is large).
 struct PassStateConfig {

@@ -236,7 +236,7 @@ TEST(Gpu, EveryKernelSetting) {
   SKIP_WITHOUT_GPU();
   int seed = 900;
   for (int64_t p : {64, 128}) {
-    for (int nt : {16, 32, 64}) {
+    for (int nt : {32, 64}) {
       for (int stages : {2, 4}) {
         for (int hb : {1, 2, 4}) {
           if (p == 128 && hb == 4) continue;
@@ -541,8 +541,8 @@ TEST(Gpu, TuneStoresTheBestSettingAndForwardUsesIt) {
   const TuneResult r = tune(dm.gp, ws.ptr, ws.bytes, reinterpret_cast<CUstream_st*>(stream), opt);
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(r.heuristic, before);
-  // 6 fwd_pass_state settings + compute_out heads 1, 2, 4 (8 heads in one group).
-  EXPECT_EQ(r.measured.size(), 9u);
+  // 4 fwd_pass_state settings + compute_out heads 1, 2, 4 (8 heads in one group).
+  EXPECT_EQ(r.measured.size(), 7u);
   EXPECT_EQ(lines.size(), r.measured.size());
   for (const auto& m : r.measured) EXPECT_GT(m.ms, 0.0) << m.kernel << " " << m.setting;
   EXPECT_GT(r.best_ms, 0.0);

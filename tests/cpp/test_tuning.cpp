@@ -203,11 +203,6 @@ TEST(TuningValidate, ExplicitSettingsAreChecked) {
     }
   };
   expect_bad({48, 0, 0}, "kernel_config.pass_state_dstate_tile", "got 48");
-  {
-    ForwardParams q = p;
-    q.kernel_config = KernelConfig{16, 2, 1};
-    EXPECT_NO_THROW(validate(q));
-  }
   expect_bad({0, 3, 0}, "kernel_config.pass_state_stages", "got 3");
   expect_bad({0, 0, 3}, "kernel_config.compute_out_heads_per_cta", "got 3");
   expect_bad({0, 0, 8}, "kernel_config.compute_out_heads_per_cta", "1, 2 or 4 for headdim 64");
