@@ -273,16 +273,21 @@ def problem_of(case, torch):
                             es_init=4 if case.init else 0, es_final=4 if case.final else 0)
 
 
+def call_kwargs(ctx, impl, case, s, w):
+    """Keyword arguments of one call (the options of the case; ours also gets --state-dtype)."""
+    kw = dict(D=w.D, z=s.z, dt_bias=w.dt_bias, initial_states=s.init, dt_softplus=case.softplus,
+              return_final_states=case.final)
+    if impl == "ours" and ctx.args.state_dtype != "auto":
+        kw["state_dtype"] = tdtype(ctx.torch, ctx.args.state_dtype)
+    return kw
+
+
 def call_impl(ctx, impl, case, s, w, out=None):
     """One forward call. Returns (out, final_states or None)."""
     fn = ctx.fns[impl]
-    kw = dict(D=w.D, z=s.z, dt_bias=w.dt_bias, initial_states=s.init, dt_softplus=case.softplus,
-              return_final_states=case.final)
-    if impl == "ours":
-        if ctx.args.state_dtype != "auto":
-            kw["state_dtype"] = tdtype(ctx.torch, ctx.args.state_dtype)
-        if out is not None:
-            kw["out"] = out
+    kw = call_kwargs(ctx, impl, case, s, w)
+    if impl == "ours" and out is not None:
+        kw["out"] = out
     r = fn(s.x, s.dt, w.A, s.B, s.C, case.q, **kw)
     if case.final:
         return r[0], r[1]
@@ -296,10 +301,7 @@ def tune_ours(ctx, case, s, w):
     import importlib
 
     mod = importlib.import_module(ctx.args.ours_module)
-    kw = dict(D=w.D, z=s.z, dt_bias=w.dt_bias, initial_states=s.init, dt_softplus=case.softplus,
-              return_final_states=case.final)
-    if ctx.args.state_dtype != "auto":
-        kw["state_dtype"] = tdtype(ctx.torch, ctx.args.state_dtype)
+    kw = call_kwargs(ctx, "ours", case, s, w)
     return mod.tune(s.x, s.dt, w.A, s.B, s.C, case.q, budget_seconds=ctx.args.tune_budget_s, **kw)
 
 

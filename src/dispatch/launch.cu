@@ -130,11 +130,6 @@ bool gpu_present() {
 
 namespace {
 
-struct KernelChoice {
-  kernels::PassStateConfig pass_state;
-  kernels::ComputeOutConfig compute_out;
-};
-
 // The kernels' parameters for a validated call and its workspace.
 kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape& s, const WorkspacePlan& w, char* ws) {
   const bool varlen = p.layout == Layout::kVarlen;
@@ -264,14 +259,6 @@ void launch_prefix(const ForwardParams& p, const ProblemShape& s, const Workspac
   kernels::launch_chunk_cumsum(k, stream);
 }
 
-KernelChoice to_choice(const KernelConfig& c) {
-  KernelChoice k;
-  k.pass_state.dstate_tile = c.pass_state_dstate_tile;
-  k.pass_state.stages = c.pass_state_stages;
-  k.compute_out.heads_per_cta = c.compute_out_heads_per_cta;
-  return k;
-}
-
 // Fills the unset fields of `c` from `from`.
 KernelConfig fill_unset(KernelConfig c, const KernelConfig& from) {
   if (c.pass_state_dstate_tile == 0) c.pass_state_dstate_tile = from.pass_state_dstate_tile;
@@ -311,7 +298,7 @@ DeviceId current_device_id() {
 KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s, std::string* source,
                                    std::string* key_out) {
   const DeviceId dev = current_device_id();
-  const KernelConfig heuristic = heuristic_config(s, walk_count(p, s), p.chunk_size, dev.sm_count);
+  const KernelConfig heuristic = heuristic_config(s, walk_count(p, s), dev.sm_count);
   KernelConfig c = p.kernel_config;
   std::string src = c == KernelConfig{} ? "" : "explicit";
   // Manual overrides for measuring variants (environment).
@@ -342,8 +329,8 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const WorkspacePlan w = plan_workspace(p, s);
   char* ws = static_cast<char*>(workspace);
-  std::string source, key;
-  KernelConfig cfg = resolve_kernel_config(p, s, &source, &key);
+  std::string source;
+  KernelConfig cfg = resolve_kernel_config(p, s, &source, nullptr);
   // Tuning on a miss (opt-in): only outside graph capture, within a 1 s budget.
   if (source == "heuristic" && autotune_on_miss() && !is_capturing(stream)) {
     TuneOptions opt;
@@ -353,9 +340,13 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   }
   const kernels::SsdParams k = make_kernel_params(p, s, w, ws);
   launch_prefix(p, s, w, ws, k, stream);
-  const KernelChoice choice = to_choice(cfg);
-  kernels::launch_fwd_pass_state(k, choice.pass_state, stream);
-  kernels::launch_compute_out(k, choice.compute_out, stream);
+  kernels::PassStateConfig ps;
+  ps.dstate_tile = cfg.pass_state_dstate_tile;
+  ps.stages = cfg.pass_state_stages;
+  kernels::ComputeOutConfig co;
+  co.heads_per_cta = cfg.compute_out_heads_per_cta;
+  kernels::launch_fwd_pass_state(k, ps, stream);
+  kernels::launch_compute_out(k, co, stream);
   if (p.layout != Layout::kVarlen && p.varlen_states.present()) kernels::launch_varlen_states(k, stream);
 }
 
@@ -376,7 +367,7 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
   const DeviceId dev = current_device_id();
   TuneResult r;
   r.key = make_tuning_key(dev, p, s);
-  r.heuristic = heuristic_config(s, walk_count(p, s), p.chunk_size, dev.sm_count);
+  r.heuristic = heuristic_config(s, walk_count(p, s), dev.sm_count);
   const kernels::SsdParams k = make_kernel_params(p, s, w, ws);
   launch_prefix(p, s, w, ws, k, stream);
 

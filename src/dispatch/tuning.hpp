@@ -16,8 +16,7 @@ namespace mamba2_ssd::detail {
 // CTAs per SM) when there are more CTAs than SMs. compute_out: two heads per CTA for headdim 64
 // (C B^T shared by both, three CTAs per SM fit), one for headdim 128 (its accumulators fill the
 // registers).
-inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int64_t chunk, int sm_count) {
-  (void)chunk;
+inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count) {
   KernelConfig c;
   const int64_t p_tiles = (s.headdim + 63) / 64;
   const int64_t ctas64 = walks * s.nheads * p_tiles * ((s.dstate + 63) / 64);
@@ -26,7 +25,6 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int64
   c.pass_state_stages = ctas > sm_count ? 2 : 4;
   const int64_t hpg = s.nheads / s.ngroups;
   c.compute_out_heads_per_cta = static_cast<int>(std::min<int64_t>(hpg, s.headdim <= 64 ? 2 : 1));
-  if (c.compute_out_heads_per_cta == 3) c.compute_out_heads_per_cta = 2;
   return c;
 }
 

@@ -176,7 +176,7 @@ TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
       for (int64_t walks : {1, 4, 64}) {
         ProblemShape s;
         s.batch = walks; s.nheads = h; s.ngroups = 1; s.headdim = p; s.dstate = 128;
-        const KernelConfig c = detail::heuristic_config(s, walks, 128, 132);
+        const KernelConfig c = detail::heuristic_config(s, walks, 132);
         EXPECT_TRUE(c.pass_state_dstate_tile == 32 || c.pass_state_dstate_tile == 64);
         EXPECT_TRUE(c.pass_state_stages == 2 || c.pass_state_stages == 4);
         EXPECT_GE(c.compute_out_heads_per_cta, 1);
