@@ -25,11 +25,13 @@ namespace mamba2_ssd {
 // "nt=32 stages=4 heads=2"
 std::string to_string(const KernelConfig& c);
 
-// One measured setting of one kernel.
+// One measured setting of one kernel. The two tuned kernels run alongside each other, so every
+// candidate is timed as a whole forward call: fwd_pass_state's candidates with compute_out at
+// the heuristic's setting, then compute_out's with the best fwd_pass_state setting.
 struct TuneMeasurement {
   std::string kernel;   // "fwd_pass_state" or "compute_out"
   std::string setting;  // e.g. "nt=32 stages=4"
-  double ms = 0.0;      // median GPU time of one launch
+  double ms = 0.0;      // median GPU time of one forward call with it
 };
 
 struct TuneOptions {
@@ -44,7 +46,7 @@ struct TuneResult {
   std::string key;                       // the shape class (cache key)
   KernelConfig best;                     // the fastest measured setting of each kernel
   KernelConfig heuristic;                // what the heuristic would have chosen
-  double best_ms = 0.0;                  // fwd_pass_state + compute_out time with `best`
+  double best_ms = 0.0;                  // GPU time of a forward call with `best`
   double heuristic_ms = 0.0;             // ... with `heuristic`
   std::vector<TuneMeasurement> measured;
   bool complete = true;                  // false: the budget ran out before every candidate

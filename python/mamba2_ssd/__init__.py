@@ -63,7 +63,7 @@ def tune(*args, budget_seconds=10.0, repeats=5, store=True, **kwargs):
     once with every kernel setting timed first (the call's outputs are computed as usual and
     discarded), stores the fastest setting in the tuning cache (``tuning_cache_path()``; set
     ``store=False`` to keep it out), and returns a dict: ``key`` (the shape class), ``best`` and
-    ``heuristic`` (settings), ``best_ms`` / ``heuristic_ms`` (GPU time of the two tuned kernels),
+    ``heuristic`` (settings), ``best_ms`` / ``heuristic_ms`` (GPU time of a whole forward call),
     ``measured`` (kernel, setting, ms) tuples, ``complete`` (False when ``budget_seconds`` ran out
     before every candidate) and ``seconds``. Synchronizes the current stream; not for use inside
     CUDA graph capture. Later calls of that shape class use the cached setting.

@@ -7,6 +7,8 @@
 // for tokens of another sequence than the chunk's last token) and the carry factor of the state
 // entering the chunk, exp(cum_last) (zero when the chunk's last token starts a new sequence).
 //
+// It also zeroes fwd_pass_state's progress counters (SsdParams::ready).
+//
 // One warp per (chunk, row, head), each lane Q/32 consecutive slots: a serial sum per lane, then
 // a warp scan of the lane totals.
 #include "kernels/kernels.hpp"
@@ -25,6 +27,13 @@ template <int kPerLane>
 __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdParams p) {
   const int64_t g = blockIdx.x;
   const int64_t row = blockIdx.y;
+  if (p.ready != nullptr) {
+    // Reset the progress counters of fwd_pass_state (every CTA takes a share).
+    const int64_t n = (p.varlen ? p.nseq : p.batch) * p.nheads * p.ready_tiles;
+    const int64_t ctas = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
+    const int64_t cta = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    for (int64_t i = cta * blockDim.x + threadIdx.x; i < n; i += ctas * blockDim.x) p.ready[i] = 0;
+  }
   const ChunkInfo ci = chunk_info(p, row, g);
   if (ci.count == 0) return;  // unused varlen chunk slot
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -88,7 +97,9 @@ void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream) {
     throw_launch_error("chunk_cumsum: grid too large (" + std::to_string(p.nchunks) + " chunks x " +
                        std::to_string(p.batch) + " rows)");
   }
-  // One warp per (chunk, row, head): enough CTAs to fill the GPU even for a single row.
+  // It also zeroes fwd_pass_state's progress counters (SsdParams::ready).
+//
+// One warp per (chunk, row, head): enough CTAs to fill the GPU even for a single row.
   dim3 grid(static_cast<unsigned>(p.nchunks), static_cast<unsigned>(p.batch),
             static_cast<unsigned>((p.nheads + kWarps - 1) / kWarps));
   switch (p.chunk) {

@@ -53,6 +53,11 @@ struct SsdParams {
   float* carry; // [row][h][chunk]:    exp(cum_last), 0 when a new sequence starts in the chunk
   void* states; DType state_dtype; int64_t st_sb, st_sc, st_sh, st_sp;  // state after each chunk
   int32_t* chunk_offsets;  // varlen: [nseq + 1] first chunk of each sequence
+  // [walk][head][ready_tiles]: chunks of the walk whose state fwd_pass_state's CTA `tile` has
+  // stored (zeroed by chunk_cumsum). compute_out runs alongside fwd_pass_state and waits on these
+  // before it reads a chunk state. ready_tiles: fwd_pass_state's CTAs per (walk, head).
+  // nullptr: no overlap, compute_out is launched after fwd_pass_state.
+  int32_t* ready; int32_t ready_tiles;
 
   // ---- outputs
   void* out; DType io_dtype; int64_t out_sb, out_st, out_sh;
@@ -144,6 +149,25 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // async-proxy reads (wgmma operands); a barrier must follow.
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ------------------------------------------------------------------ overlap of two kernels
+// fwd_pass_state and compute_out overlap (programmatic dependent launch): fwd_pass_state lets
+// compute_out start once all of its CTAs are resident, and publishes per-tile progress counters
+// that compute_out waits on. No CTA of fwd_pass_state ever waits for compute_out, and all of
+// them are resident before any compute_out CTA starts, so the waits cannot deadlock.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// Waits until the preceding kernel of the stream has completed and its writes are visible.
+__device__ __forceinline__ void pdl_wait_primary() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ int32_t load_acquire(const int32_t* f) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+  return v;
+}
+// Makes this thread's earlier global writes (and, after a barrier, its CTA's) visible before
+// the counter reads `value`.
+__device__ __forceinline__ void store_release(int32_t* f, int32_t value) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(f), "r"(value) : "memory");
 }
 
 // ------------------------------------------------------------------ chunks and walks

@@ -13,6 +13,9 @@
 // The mask keeps lo_t <= s <= t: causality and, with seq_idx (non-decreasing), the first token
 // of t's sequence in the chunk (lo_t), so no token sees another sequence.
 //
+// The CTA of a chunk c > 0 of a walk waits until fwd_pass_state, running alongside, has stored
+// the state after chunk c - 1 (SsdParams::ready); the C_m loads are in flight meanwhile.
+//
 // C_m stays in shared memory for the whole CTA; H slices, B_j slices and X_hj tiles stream
 // through a ring of kStages cp.async stages, issued kStages - 1 steps ahead. Each step waits for
 // its own wgmma: keeping wgmma batches in flight across these loops made ptxas serialize every
@@ -75,6 +78,13 @@ __device__ __noinline__ void load_h_convert(char* stage, const char* hbase, DTyp
   }
 }
 
+// Two packed 16-bit values of type T as floats.
+template <class T>
+__device__ __forceinline__ float2 to_float2(uint32_t w, T) {
+  const T* v = reinterpret_cast<const T*>(&w);
+  return make_float2(to_float(v[0]), to_float(v[1]));
+}
+
 // Issues one wgmma batch acc (+)= A B over all k-blocks of the operands (no wait).
 // `overwrite`: the first k-block replaces the accumulator instead of adding to it (wgmma's
 // scale-d predicate), which saves a register clear per batch.
@@ -99,15 +109,19 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
   // 1024-byte alignment by pointer arithmetic (keeps the shared address space visible).
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
 
-  // ---- which tile: (row, chunk, 64-token block m, group, slice of HB heads of the group)
+  // ---- which tile: (chunk, row, 64-token block m, group, slice of HB heads of the group), the
+  // chunk slowest: CTAs start in chunk order, behind fwd_pass_state's walks.
   const int64_t mb = p.chunk / kM;
   const int64_t slices = (p.heads_per_group + HB - 1) / HB;
   int64_t idx = blockIdx.x;
   const int64_t hs = idx % slices; idx /= slices;
   const int64_t grp = idx % p.ngroups; idx /= p.ngroups;
   const int m = static_cast<int>(idx % mb); idx /= mb;
-  const int64_t g = idx % p.nchunks;
-  const int64_t row = idx / p.nchunks;
+  const int64_t row = idx % p.batch;
+  const int64_t g = idx / p.batch;
+  // The last chunk's CTAs (started last) end only after fwd_pass_state has completed, so that
+  // work after this kernel in the stream may read the states and final states.
+  if (g == p.nchunks - 1) pdl_wait_primary();
   const ChunkInfo ci = chunk_info(p, row, g);
   if (ci.count <= m * kM) return;
   const int64_t h0 = grp * p.heads_per_group + hs * HB;
@@ -178,7 +192,16 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
     }
   }
 
-  // ---- the state entering this chunk (same place for every head, offset by the head)
+  // ---- the state entering this chunk: wait until fwd_pass_state has stored it (every tile of
+  // every head of the slice), while the loads above are in flight.
+  if (ci.local > 0 && p.ready != nullptr) {
+    if (tid < nh * p.ready_tiles) {
+      const int32_t* f = p.ready + (ci.walk * p.nheads + h0 + tid / p.ready_tiles) * p.ready_tiles + tid % p.ready_tiles;
+      while (load_acquire(f) < ci.local) __nanosleep(200);
+    }
+    __syncthreads();
+  }
+  // (same place for every head, offset by the head)
   const char* prev_base = nullptr;
   DType prev_dtype = DType::kFloat32;
   int64_t prev_sp = 0, prev_sh = 0;
@@ -427,7 +450,14 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
     }
   }
   // ---- epilogue, per head: out = (acc + D x) * silu(z). After the loop (x again from global,
-  // where it is still in L2) so that the address math is not kept live across the loop.
+  // where it is still in L2) so that the address math is not kept live across the loop. The
+  // values go in groups of kGroup: all loads of a group first, then its math and stores, so
+  // that a group costs one memory latency, not one per value (stores may alias the inputs as
+  // far as the compiler knows, so it would not hoist the loads itself).
+  constexpr int kGroup = 16;
+  const int64_t rowoff_x = p.x_st, rowoff_z = p.z_st;
+  const T* z16 = static_cast<const T*>(p.z);
+  const float* z32 = static_cast<const float*>(p.z);
 #pragma unroll
   for (int h = 0; h < HB; ++h) {
     if (h < nh) {
@@ -435,51 +465,49 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
       const int64_t hg = h0 + h;
       const float* s_dh = s_d + h * P;
       const int64_t tok_base = ci.row * p.out_sb + ci.tok0 * p.out_st + hg * p.out_sh;
+      const T* x_h = Xrow + hg * p.x_sh;
+      const float* xf_h = p.x_f32 + ci.row * p.xf_sb + ci.tok0 * p.xf_st + hg * p.xf_sh;
+      const int64_t z_h = ci.row * p.z_sb + ci.tok0 * p.z_st + hg * p.z_sh;
 #pragma unroll
-      for (int v = 0; v < kAccVals; v += 2) {
-        const int r = acc_row(v), c = acc_col(v);
-        const int t = m * kM + r;
-        if (t >= ci.count) continue;
-        float y0 = acc[h](v), y1 = acc[h](v + 1);
-        if (p.D != nullptr) {
-          float x0, x1;
-          if (io16) {
-            const uint32_t xw = *reinterpret_cast<const uint32_t*>(Xrow + t * p.x_st + hg * p.x_sh + c);
-            const T* xv = reinterpret_cast<const T*>(&xw);
-            x0 = to_float(xv[0]);
-            x1 = to_float(xv[1]);
-          } else {  // fp32 inputs: the residual in fp32, from the original x
-            const float2 xf = *reinterpret_cast<const float2*>(
-                p.x_f32 + ci.row * p.xf_sb + (ci.tok0 + t) * p.xf_st + hg * p.xf_sh + c);
-            x0 = xf.x;
-            x1 = xf.y;
+      for (int v0 = 0; v0 < kAccVals; v0 += kGroup) {
+        float2 xs[kGroup / 2], zs[kGroup / 2];
+#pragma unroll
+        for (int u = 0; u < kGroup / 2; ++u) {
+          const int v = v0 + 2 * u;
+          const int t = m * kM + acc_row(v), c = acc_col(v);
+          const bool ok = t < ci.count;
+          xs[u] = make_float2(0.f, 0.f);
+          zs[u] = make_float2(0.f, 0.f);
+          if (ok && p.D != nullptr) {
+            if (io16) xs[u] = to_float2(*reinterpret_cast<const uint32_t*>(x_h + t * rowoff_x + c), T{});
+            else xs[u] = *reinterpret_cast<const float2*>(xf_h + t * p.xf_st + c);
           }
-          y0 += s_dh[c] * x0;
-          y1 += s_dh[c + 1] * x1;
+          if (ok && p.z != nullptr) {
+            if (io16) zs[u] = to_float2(*reinterpret_cast<const uint32_t*>(z16 + z_h + t * rowoff_z + c), T{});
+            else zs[u] = *reinterpret_cast<const float2*>(z32 + z_h + t * rowoff_z + c);
+          }
         }
-        if (p.z != nullptr) {
-          float z0, z1;
+#pragma unroll
+        for (int u = 0; u < kGroup / 2; ++u) {
+          const int v = v0 + 2 * u;
+          const int t = m * kM + acc_row(v), c = acc_col(v);
+          if (t >= ci.count) continue;
+          float y0 = acc[h](v), y1 = acc[h](v + 1);
+          if (p.D != nullptr) {
+            y0 += s_dh[c] * xs[u].x;
+            y1 += s_dh[c + 1] * xs[u].y;
+          }
+          if (p.z != nullptr) {
+            y0 *= silu(zs[u].x);
+            y1 *= silu(zs[u].y);
+          }
+          const int64_t o = tok_base + t * p.out_st + c;
           if (io16) {
-            const uint32_t zw = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.z) + ci.row * p.z_sb +
-                                                                   (ci.tok0 + t) * p.z_st + hg * p.z_sh + c);
-            const T* zv = reinterpret_cast<const T*>(&zw);
-            z0 = to_float(zv[0]);
-            z1 = to_float(zv[1]);
+            T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + o) = *reinterpret_cast<const uint32_t*>(pair);
           } else {
-            const float2 zf = *reinterpret_cast<const float2*>(static_cast<const float*>(p.z) + ci.row * p.z_sb +
-                                                               (ci.tok0 + t) * p.z_st + hg * p.z_sh + c);
-            z0 = zf.x;
-            z1 = zf.y;
+            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + o) = make_float2(y0, y1);
           }
-          y0 *= silu(z0);
-          y1 *= silu(z1);
-        }
-        const int64_t o = tok_base + t * p.out_st + c;
-        if (io16) {
-          T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
-          *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + o) = *reinterpret_cast<const uint32_t*>(pair);
-        } else {
-          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + o) = make_float2(y0, y1);
         }
       }
     }
@@ -504,8 +532,18 @@ void launch_typed(const SsdParams& p, cudaStream_t stream) {
     throw_launch_error("compute_out: too many chunks for one launch (grid would be " + std::to_string(blocks) +
                        " blocks)");
   }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "launch compute_out");
+  // Programmatic dependent launch: starts while fwd_pass_state still runs (see kernels.hpp).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = p.ready != nullptr ? 1 : 0;  // without the counters: after fwd_pass_state
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), "launch compute_out");
 }
 
 template <class T, int P>

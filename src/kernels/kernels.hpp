@@ -35,9 +35,14 @@ int compute_out_max_heads_per_cta(int headdim);
 void launch_chunk_offsets(const SsdParams& p, cudaStream_t stream);
 // dt' and the in-chunk cumulative sum of A * dt' (times log2 e) for every chunk slot.
 void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream);
-// The state after every chunk (p.states) and after every walk (p.final_states).
+// fwd_pass_state's CTAs per (walk, head) with setting `cfg` (SsdParams::ready_tiles).
+int fwd_pass_state_tiles(const SsdParams& p, const PassStateConfig& cfg);
+// The state after every chunk (p.states) and after every walk (p.final_states); with p.ready,
+// its progress per chunk for compute_out.
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream);
-// out for every chunk.
+// out for every chunk. Launched right after fwd_pass_state (programmatic dependent launch): it
+// runs alongside, waiting on p.ready before it reads a chunk state, and its CTAs of the last
+// chunk wait for fwd_pass_state to complete, so that its completion implies that one's.
 void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStream_t stream);
 // Batched layout with cu_seqlens: the final state of every packed sequence (p.varlen_states).
 void launch_varlen_states(const SsdParams& p, cudaStream_t stream);

@@ -472,6 +472,24 @@ TEST(Gpu, LongSequence256K) {
   check_problem(c, "long-256K");
 }
 
+// compute_out runs alongside fwd_pass_state and waits for each chunk state: one walk with many
+// chunks (the chain is long, compute_out's share per chunk small, so it keeps catching up), the
+// most state tiles per head (headdim 128, dstate 256 in 32-column tiles: 16 counters). The
+// workspace starts as NaN (GpuRun), so a state read before it is stored shows up.
+TEST(Gpu, OutputWaitsForEveryChunkState) {
+  SKIP_WITHOUT_GPU();
+  ProblemConfig c = base_config();
+  c.batch = 1;
+  c.nheads = 2;
+  c.headdim = 128;
+  c.dstate = 256;
+  c.chunk_size = 64;
+  c.seqlen = 16384 + 5;
+  c.kernel_config = {32, 2, 2};
+  c.seed = 950;
+  check_problem(c, "overlap");
+}
+
 TEST(Gpu, DeterministicAndGraphCapture) {
   SKIP_WITHOUT_GPU();
   ProblemConfig c = base_config();

@@ -173,9 +173,10 @@ TEST(TuningCacheFile, AnUnreadableFileIsIgnored) {
 TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
   for (int64_t p : {64, 128})
     for (int64_t h : {1, 3, 8, 80})
-      for (int64_t walks : {1, 4, 64}) {
+      for (int64_t walks : {1, 4, 64})
+        for (int64_t n : {16, 64, 128, 512}) {
         ProblemShape s;
-        s.batch = walks; s.nheads = h; s.ngroups = 1; s.headdim = p; s.dstate = 128;
+        s.batch = walks; s.nheads = h; s.ngroups = 1; s.headdim = p; s.dstate = n;
         const KernelConfig c = detail::heuristic_config(s, walks, 132);
         EXPECT_TRUE(c.pass_state_dstate_tile == 32 || c.pass_state_dstate_tile == 64);
         EXPECT_TRUE(c.pass_state_stages == 2 || c.pass_state_stages == 4);
