@@ -162,7 +162,9 @@ METHOD = """\
   stages timed alone with CUDA events (launch gaps included). Each kernel's floor counts its own
   reads and writes, intermediates included (Triton: fp32 chunk states out of `_chunk_state_fwd`,
   states in C's dtype out of `_state_passing_fwd`, an fp32 CB matrix; ours: fp32 cum, dt', state weights and carries,
-  chunk states in the state dtype; see bench/roofline.py).
+  chunk states in the state dtype; see bench/roofline.py). Our compute_out runs alongside
+  fwd_pass_state (it waits per chunk for the states it needs), so their profiler times overlap:
+  each includes the time it shares the GPU with the other, and their sum exceeds the call's time.
 """
 
 
