@@ -364,6 +364,9 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   ps.stages = cfg.pass_state_stages;
   kernels::ComputeOutConfig co;
   co.heads_per_cta = cfg.compute_out_heads_per_cta;
+  // For measuring: compute_out's ring depth (2-4) instead of the deepest that keeps the most
+  // CTAs on an SM.
+  if (const char* e = std::getenv("MAMBA2_SSD_COMPUTE_OUT_STAGES")) co.stages = std::atoi(e);
   const kernels::SsdParams k = with_pass_state(make_kernel_params(p, s, w, ws), ps);
   launch_prefix(p, s, w, ws, k, stream);
   // compute_out overlaps fwd_pass_state (see kernels.hpp).

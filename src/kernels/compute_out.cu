@@ -17,10 +17,13 @@
 // the state after chunk c - 1 (SsdParams::ready); the C_m loads are in flight meanwhile.
 //
 // C_m stays in shared memory for the whole CTA; H slices, B_j slices and X_hj tiles stream
-// through a ring of kStages cp.async stages, issued kStages - 1 steps ahead. Each step waits for
+// through a ring of 2-4 cp.async stages (as many as keep the most CTAs on an SM), issued one
+// step less than the ring ahead. Each step waits for
 // its own wgmma: keeping wgmma batches in flight across these loops made ptxas serialize every
 // wgmma of the kernel (C7515), so latency is hidden by several CTAs per SM instead (small
 // register and shared-memory footprint; see the launch bounds).
+#include <algorithm>
+
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
 
@@ -53,11 +56,11 @@ struct Traits {
   static constexpr int kStageBytes = P * kN * 2;    // the largest streamed tile (H slice or X tile)
 };
 
-// Shared-memory plan: [C_m: nk slices][kStages stages][masked CB: 64 x 64 fp32][cum: HB x Q]
+// Shared-memory plan: [C_m: nk slices][`stages` stages][masked CB: 64 x 64 fp32][cum: HB x Q]
 // [dt', then log2 dt': HB x Q][D: HB x P][seq_idx: Q]; tiles 1024-aligned.
-template <class T, int P, int HB, int kStages>
-__host__ __device__ constexpr int smem_bytes(int nk, int q) {
-  return 1024 + nk * Traits<T, P>::kSliceBytes + kStages * Traits<T, P>::kStageBytes + kM * kN * 4 +
+template <class T, int P, int HB>
+__host__ __device__ constexpr int smem_bytes(int nk, int q, int stages) {
+  return 1024 + nk * Traits<T, P>::kSliceBytes + stages * Traits<T, P>::kStageBytes + kM * kN * 4 +
          (2 * HB + 1) * q * 4 + HB * P * 4;
 }
 
@@ -101,9 +104,21 @@ __device__ __forceinline__ void wgmma_issue(Mma& mma, TA const& a, TB const& b, 
   warpgroup_commit_batch();
 }
 
-template <class T, int P, int HB, int kStages>
-__global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) compute_out_kernel(const SsdParams p) {
-  static_assert(kStages >= 2, "the ring needs the stage in use and one being filled");
+// cp.async.wait_group with a run-time count (0..3).
+__device__ __forceinline__ void cp_async_wait_upto(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    default: cp_async_wait<3>(); break;
+  }
+}
+
+constexpr int kMinStages = 2, kMaxStages = 4;  // the stage in use and at least one being filled
+
+template <class T, int P, int HB>
+__global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
+    compute_out_kernel(const SsdParams p, const int stages) {
   using Tr = Traits<T, P>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by pointer arithmetic (keeps the shared address space visible).
@@ -137,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
 
   char* s_c = smem;
   char* s_stages = s_c + nk * Tr::kSliceBytes;
-  float* s_cbm = reinterpret_cast<float*>(s_stages + kStages * Tr::kStageBytes);  // [64 x 64]
+  float* s_cbm = reinterpret_cast<float*>(s_stages + stages * Tr::kStageBytes);  // [64 x 64]
   float* s_cum = s_cbm + kM * kN;                                                  // [HB][q]
   float* s_dtp = s_cum + HB * q;                                                   // [HB][q]
   float* s_d = s_dtp + HB * q;                                                     // [HB][P]
@@ -223,15 +238,15 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
   // ---- producer: a cursor over the steps [H_h slices for each head] then for j = 0..m
   // [B_j slices][X_hj for each head]; every call commits one cp.async group (maybe empty).
   enum : int { kPhaseH = 0, kPhaseB = 1, kPhaseX = 2, kPhaseDone = 3 };
-  int ph = has_prev ? kPhaseH : kPhaseB, cur_h = 0, cur_ks = 0, cur_j = 0, issued = 0;
+  int ph = has_prev ? kPhaseH : kPhaseB, cur_h = 0, cur_ks = 0, cur_j = 0, fill = 0;  // fill: next stage
   const T* b_thr = Bg + r_k * p.B_st + c_k;                   // + (j*64 + 16*it) rows, + ks*64 cols
   const T* x_thr = Xrow + s_x * p.x_st + p_x;                  // + h heads, + (j*64 + it*rows) rows
   const int64_t b_step = 16 * p.B_st;
   const int64_t x_step = (kThreads / kXVec) * p.x_st;
   auto issue_next = [&]() {
     if (ph != kPhaseDone) {
-      char* stage = s_stages + (issued % kStages) * Tr::kStageBytes;
-      ++issued;
+      char* stage = s_stages + fill * Tr::kStageBytes;
+      fill = fill + 1 == stages ? 0 : fill + 1;
       if (ph == kPhaseH) {
         const char* hbase = prev_base + (h0 + cur_h) * prev_sh * prev_esz;
         if (prev_native) {
@@ -273,10 +288,10 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
     cp_async_commit();
   };
 #pragma unroll 1
-  for (int s = 0; s < kStages - 1; ++s) issue_next();
+  for (int s = 0; s < stages - 1; ++s) issue_next();
 
   // ---- per-thread rows and their sequence bounds (after the prologue group landed)
-  cp_async_wait<kStages - 1>();
+  cp_async_wait_upto(stages - 1);
   __syncthreads();
   // log2(dt') per slot (see the S step).
 #pragma unroll 1
@@ -329,14 +344,17 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
 
   // One pipeline step: wait for its tiles, make them visible to the async proxy, then refill the
   // stage of step i - 1 (its wgmma completed before the barrier).
-  int step = 0;
+  int use = 0;  // the stage of the current step
   auto step_begin = [&]() -> char* {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait_upto(stages - 2);
     fence_async_shared();
     __syncthreads();
     issue_next();
-    return s_stages + (step % kStages) * Tr::kStageBytes;
+    char* st = s_stages + use * Tr::kStageBytes;
+    use = use + 1 == stages ? 0 : use + 1;
+    return st;
   };
+
 
   // ---- acc_h = C_m H_prev(h)^T
   if (has_prev) {
@@ -351,7 +369,6 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
           wgmma_issue(mma_ch, thr_ch.partition_fragment_A(sC), thr_ch.partition_fragment_B(sH), acc[h], ks == 0);
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc[h]);
-          ++step;
         }
       }
     }
@@ -368,7 +385,6 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
       wgmma_issue(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb, ks == 0);
       warpgroup_wait<0>();
       warpgroup_fence_operand(cb);
-      ++step;
     }
 
     // ---- per head: S from CB, acc_h += S X_hj
@@ -443,7 +459,6 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
         warpgroup_fence_operand(sf);
         // Without a previous state, the first block starts the accumulator.
         wgmma_issue(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[h], j == 0 && !has_prev);
-        ++step;
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc[h]);
       }
@@ -515,11 +530,36 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2) comput
   cp_async_wait<0>();
 }
 
-template <class T, int P, int HB, int kStages>
-void launch_typed(const SsdParams& p, cudaStream_t stream) {
+// Ring depth: the deepest of 4, 3, 2 stages that still fits the most CTAs on an SM (by shared
+// memory and by the launch bounds' register budget), so that large dstates (C_m resident:
+// 64 KB at dstate 512) do not drop to one CTA per SM.
+template <class T, int P, int HB>
+int pick_stages(int nk, int q, int max_smem_per_sm) {
+  constexpr int kRegCtas = (P == 64 && HB <= 2) ? 3 : 2;
+  int best = kMaxStages, best_ctas = 0;
+  for (int st = kMaxStages; st >= kMinStages; --st) {
+    const int ctas = std::min(kRegCtas, max_smem_per_sm / (smem_bytes<T, P, HB>(nk, q, st) + 1024));
+    if (ctas > best_ctas) { best = st; best_ctas = ctas; }
+  }
+  return best;
+}
+
+template <class T, int P, int HB>
+void launch_typed(const SsdParams& p, int stages, cudaStream_t stream) {
   const int nk = (p.dstate + kN - 1) / kN;
-  const int smem = smem_bytes<T, P, HB, kStages>(nk, p.chunk);
-  auto kernel = compute_out_kernel<T, P, HB, kStages>;
+  if (stages == 0) {
+    static int smem_per_sm = 0;  // the device's shared memory per SM (the same on every Hopper)
+    if (smem_per_sm == 0) {
+      int dev = 0;
+      check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+      check_cuda(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+                 "cudaDeviceGetAttribute(shared memory per SM)");
+    }
+    stages = pick_stages<T, P, HB>(nk, p.chunk, smem_per_sm);
+  }
+  stages = std::max(kMinStages, std::min(kMaxStages, stages));
+  const int smem = smem_bytes<T, P, HB>(nk, p.chunk, stages);
+  auto kernel = compute_out_kernel<T, P, HB>;
   static int attr_bytes = 0;  // per instantiation: raise the dynamic shared-memory limit when needed
   if (smem > attr_bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -543,17 +583,16 @@ void launch_typed(const SsdParams& p, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.ready != nullptr ? 1 : 0;  // without the counters: after fwd_pass_state
-  check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), "launch compute_out");
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, stages), "launch compute_out");
 }
 
 template <class T, int P>
-void launch_heads(const SsdParams& p, int hb, cudaStream_t stream) {
-  constexpr int kStages = 4;
+void launch_heads(const SsdParams& p, int hb, int stages, cudaStream_t stream) {
   if constexpr (P == 64) {
-    if (hb >= 4) return launch_typed<T, P, 4, kStages>(p, stream);
+    if (hb >= 4) return launch_typed<T, P, 4>(p, stages, stream);
   }
-  if (hb >= 2) return launch_typed<T, P, 2, kStages>(p, stream);
-  launch_typed<T, P, 1, kStages>(p, stream);
+  if (hb >= 2) return launch_typed<T, P, 2>(p, stages, stream);
+  launch_typed<T, P, 1>(p, stages, stream);
 }
 
 }  // namespace
@@ -562,12 +601,13 @@ int compute_out_max_heads_per_cta(int headdim) { return headdim <= 64 ? 4 : 2; }
 
 void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStream_t stream) {
   const int hb = std::max(1, std::min(cfg.heads_per_cta, p.heads_per_group));
+  const int st = cfg.stages;
   if (p.headdim == 64) {
-    if (p.fp16) launch_heads<cutlass::half_t, 64>(p, hb, stream);
-    else launch_heads<cutlass::bfloat16_t, 64>(p, hb, stream);
+    if (p.fp16) launch_heads<cutlass::half_t, 64>(p, hb, st, stream);
+    else launch_heads<cutlass::bfloat16_t, 64>(p, hb, st, stream);
   } else {
-    if (p.fp16) launch_heads<cutlass::half_t, 128>(p, hb, stream);
-    else launch_heads<cutlass::bfloat16_t, 128>(p, hb, stream);
+    if (p.fp16) launch_heads<cutlass::half_t, 128>(p, hb, st, stream);
+    else launch_heads<cutlass::bfloat16_t, 128>(p, hb, st, stream);
   }
 }
 

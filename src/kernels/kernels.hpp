@@ -27,6 +27,7 @@ struct PassStateConfig {
 // for headdim 128).
 struct ComputeOutConfig {
   int heads_per_cta = 2;
+  int stages = 0;  // depth of the load ring, 2-4; 0: the deepest that keeps the most CTAs per SM
 };
 // The largest heads_per_cta compiled for a headdim.
 int compute_out_max_heads_per_cta(int headdim);

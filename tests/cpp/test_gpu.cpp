@@ -255,6 +255,26 @@ TEST(Gpu, EveryKernelSetting) {
   }
 }
 
+// compute_out's load ring at each depth (chosen by shared memory per SM unless
+// MAMBA2_SSD_COMPUTE_OUT_STAGES sets it), on dstates that keep 1 to 8 C slices resident.
+TEST(Gpu, ComputeOutRingDepths) {
+  SKIP_WITHOUT_GPU();
+  int seed = 980;
+  for (const char* stages : {"2", "3", "4", ""}) {
+    if (*stages) ::setenv("MAMBA2_SSD_COMPUTE_OUT_STAGES", stages, 1);
+    else ::unsetenv("MAMBA2_SSD_COMPUTE_OUT_STAGES");
+    for (int64_t n : {64, 256, 512}) {
+      ProblemConfig c = base_config();
+      c.dstate = n;
+      c.seqlen = 520;
+      c.seq_starts = {{130}, {}};
+      c.seed = ++seed;
+      check_problem(c, std::string("ring") + (*stages ? stages : "auto"));
+    }
+  }
+  ::unsetenv("MAMBA2_SSD_COMPUTE_OUT_STAGES");
+}
+
 TEST(Gpu, SeqlenOneAndPartialChunks) {
   SKIP_WITHOUT_GPU();
   for (int64_t L : {1, 63, 64, 65, 129, 300}) {
