@@ -11,20 +11,30 @@
 
 namespace mamba2_ssd::detail {
 
+// The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
+// shapes, 2026-11-29 v6 run) where they differ by more than a few percent.
 // fwd_pass_state walks chunks in order, so its parallelism is only walks x heads x state tiles:
-// halve the dstate tile when that leaves most SMs idle. Its shallow load ring leaves room on
-// each SM for compute_out CTAs, which run alongside it (H200, whole-call time: anchor 64K
-// 1.23 ms with the shallow ring against 1.34 ms with the deep one). compute_out: two heads per
-// CTA for headdim 64 (C B^T shared by both, three CTAs per SM fit; best or within 1% on every
-// anchor and model shape measured), one for headdim 128 (its accumulators fill the registers).
+// the 32-column dstate tile doubles its CTAs when 64-column tiles would fill less than half of
+// the SMs (anchor dstate 64/128: 32 and 64 CTAs; dstate 256: 128 CTAs, where 64 columns won by
+// 6%). Its shallow load ring leaves room on each SM for compute_out CTAs, which run alongside it
+// (anchor 64K: 1.23 ms with the shallow ring against 1.34 ms with the deep one). compute_out:
+// two heads per CTA for headdim 64 (C B^T shared by both, three CTAs per SM fit), one for
+// headdim 128 (its accumulators fill the registers) and when two would leave the grid under one
+// wave of three CTAs per SM (short sequences: dstate 512 at 1K tokens gained 17% with one).
 inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count) {
   KernelConfig c;
   const int64_t p_tiles = (s.headdim + 63) / 64;
   const int64_t ctas64 = walks * s.nheads * p_tiles * ((s.dstate + 63) / 64);
-  c.pass_state_dstate_tile = ctas64 < 2 * sm_count ? 32 : 64;
+  c.pass_state_dstate_tile = 2 * ctas64 < sm_count ? 32 : 64;
   c.pass_state_stages = 2;
   const int64_t hpg = s.nheads / s.ngroups;
-  c.compute_out_heads_per_cta = static_cast<int>(std::min<int64_t>(hpg, s.headdim <= 64 ? 2 : 1));
+  int hb = static_cast<int>(std::min<int64_t>(hpg, s.headdim <= 64 ? 2 : 1));
+  if (hb == 2) {
+    // compute_out's CTAs: one per 64 tokens (chunk padding aside), group and pair of heads.
+    const int64_t blocks = s.batch * ((s.seqlen + 63) / 64) * s.ngroups * ((hpg + 1) / 2);
+    if (blocks < 3 * static_cast<int64_t>(sm_count)) hb = 1;
+  }
+  c.compute_out_heads_per_cta = hb;
   return c;
 }
 

@@ -583,7 +583,15 @@ void launch_typed(const SsdParams& p, int stages, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.ready != nullptr ? 1 : 0;  // without the counters: after fwd_pass_state
-  check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, stages), "launch compute_out");
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, stages);
+  if (err != cudaSuccess && cfg.numAttrs > 0) {
+    // A driver or context without programmatic dependent launch: launch after fwd_pass_state
+    // instead (the counters are then complete when compute_out starts, so it never waits).
+    (void)cudaGetLastError();
+    cfg.numAttrs = 0;
+    err = cudaLaunchKernelEx(&cfg, kernel, p, stages);
+  }
+  check_cuda(err, "launch compute_out");
 }
 
 template <class T, int P>

@@ -176,7 +176,7 @@ TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
       for (int64_t walks : {1, 4, 64})
         for (int64_t n : {16, 64, 128, 512}) {
         ProblemShape s;
-        s.batch = walks; s.nheads = h; s.ngroups = 1; s.headdim = p; s.dstate = n;
+        s.batch = walks; s.nheads = h; s.ngroups = 1; s.headdim = p; s.dstate = n; s.seqlen = 4096;
         const KernelConfig c = detail::heuristic_config(s, walks, 132);
         EXPECT_TRUE(c.pass_state_dstate_tile == 32 || c.pass_state_dstate_tile == 64);
         EXPECT_TRUE(c.pass_state_stages == 2 || c.pass_state_stages == 4);
@@ -184,6 +184,24 @@ TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
         EXPECT_LE(c.compute_out_heads_per_cta, std::min<int64_t>(h, p == 64 ? 4 : 2));
         EXPECT_EQ(c.compute_out_heads_per_cta & (c.compute_out_heads_per_cta - 1), 0);
       }
+}
+
+// The heuristic reproduces the tuner's H200 picks on the benchmark's shapes (tuning.hpp).
+TEST(TuningHeuristic, PicksOfTheH200Run) {
+  auto shape = [](int64_t b, int64_t l, int64_t h, int64_t g, int64_t n) {
+    ProblemShape s;
+    s.batch = b; s.seqlen = l; s.nheads = h; s.ngroups = g; s.headdim = 64; s.dstate = n;
+    return s;
+  };
+  // anchor (4 rows, 8 heads): 32-column tiles up to dstate 128, 64 from 256 on
+  EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 128), 4, 132), (KernelConfig{32, 2, 2}));
+  EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 256), 4, 132), (KernelConfig{64, 2, 2}));
+  EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 512), 4, 132), (KernelConfig{64, 2, 2}));
+  // a short sequence: one head per compute_out CTA (two would be under one wave)
+  EXPECT_EQ(detail::heuristic_config(shape(4, 1024, 8, 1, 512), 4, 132).compute_out_heads_per_cta, 1);
+  // the 2.7B layer and the 8-group layer
+  EXPECT_EQ(detail::heuristic_config(shape(4, 8192, 80, 1, 128), 4, 132), (KernelConfig{64, 2, 2}));
+  EXPECT_EQ(detail::heuristic_config(shape(8, 4096, 64, 8, 64), 8, 132), (KernelConfig{64, 2, 2}));
 }
 
 TEST(TuningValidate, ExplicitSettingsAreChecked) {
