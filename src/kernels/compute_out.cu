@@ -568,6 +568,7 @@ void launch_typed(const SsdParams& p, int stages, cudaStream_t stream) {
   }
   const int64_t slices = (p.heads_per_group + HB - 1) / HB;
   const int64_t blocks = p.batch * p.nchunks * (p.chunk / kM) * p.ngroups * slices;
+  if (blocks == 0) return;
   if (blocks > 0x7fffffffLL) {
     throw_launch_error("compute_out: too many chunks for one launch (grid would be " + std::to_string(blocks) +
                        " blocks)");
