@@ -97,9 +97,7 @@ void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream) {
     throw_launch_error("chunk_cumsum: grid too large (" + std::to_string(p.nchunks) + " chunks x " +
                        std::to_string(p.batch) + " rows)");
   }
-  // It also zeroes fwd_pass_state's progress counters (SsdParams::ready).
-//
-// One warp per (chunk, row, head): enough CTAs to fill the GPU even for a single row.
+  // One warp per (chunk, row, head): enough CTAs to fill the GPU even for a single row.
   dim3 grid(static_cast<unsigned>(p.nchunks), static_cast<unsigned>(p.batch),
             static_cast<unsigned>((p.nheads + kWarps - 1) / kWarps));
   switch (p.chunk) {

@@ -355,7 +355,6 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
     return st;
   };
 
-
   // ---- acc_h = C_m H_prev(h)^T
   if (has_prev) {
 #pragma unroll

@@ -8,7 +8,7 @@
 // cp.async stages, so the next steps' loads are in flight while the current one is multiplied.
 // The chunk-to-chunk dependency makes the per-step latency (two barriers, the smem scaling of B,
 // one wgmma batch) the cost to keep small; parallelism comes from walks x heads x state tiles.
-// After each chunk the CTA publishes its progress (SsdParams::ready) so that compute_out, which
+// Every few chunks the CTA publishes its progress (SsdParams::ready) so that compute_out, which
 // runs alongside, can use the chunk states already stored.
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
