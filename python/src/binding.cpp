@@ -510,9 +510,11 @@ bool g_skip_forward = false;
 
 // When set, the next GPU forward is preceded by mamba2_ssd::tune() on the same buffers (the
 // result is kept for _last_tune_result). Internal: mamba2_ssd.tune() sets it around one call.
-bool g_tune_next = false;
-m2::TuneOptions g_tune_options;
-m2::TuneResult g_last_tune;
+// Per thread: the call runs on the thread that set it, and another thread's calls (the GIL is
+// released during the forward) must not pick it up.
+thread_local bool g_tune_next = false;
+thread_local m2::TuneOptions g_tune_options;
+thread_local m2::TuneResult g_last_tune;
 
 void run_forward(const m2::ForwardParams& p, void* ws, std::size_t ws_bytes, uintptr_t stream) {
   if (g_skip_forward) {
