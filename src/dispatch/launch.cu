@@ -58,7 +58,7 @@ WorkspacePlan plan_workspace(const ForwardParams& p, const ProblemShape& s) {
   w.carry = off; off = align_up(off + per_slot / p.chunk_size * sizeof(float));
   // fwd_pass_state's progress counters: one per (walk, head, CTA), for its smallest dstate tile.
   const int64_t walks = p.layout == Layout::kVarlen ? s.nseq : s.batch;
-  const std::size_t max_tiles = static_cast<std::size_t>((s.headdim + 63) / 64) * ((s.dstate + 31) / 32);
+  const std::size_t max_tiles = static_cast<std::size_t>(kernels::fwd_pass_state_tiles(s.headdim, s.dstate, 32));
   w.ready = off; off = align_up(off + static_cast<std::size_t>(walks) * s.nheads * max_tiles * sizeof(int32_t));
   if (!p.chunk_states.present()) {
     w.states_bytes = static_cast<std::size_t>(s.batch) * s.nchunks * s.nheads * s.headdim * s.dstate *
@@ -252,7 +252,7 @@ bool overlap_enabled() {
 
 // `k` for a fwd_pass_state setting: its CTAs per (walk, head), which compute_out waits on.
 kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStateConfig& c) {
-  k.ready_tiles = kernels::fwd_pass_state_tiles(k, c);
+  k.ready_tiles = kernels::fwd_pass_state_tiles(k.headdim, k.dstate, c.dstate_tile);
   if (!overlap_enabled()) k.ready = nullptr;
   return k;
 }

@@ -255,9 +255,9 @@ void launch_steps(const SsdParams& p, int64_t walks, int stages, cudaStream_t st
 
 }  // namespace
 
-int fwd_pass_state_tiles(const SsdParams& p, const PassStateConfig& cfg) {
-  const int nt = cfg.dstate_tile == 32 ? 32 : 64;
-  return ((p.headdim + st::kP - 1) / st::kP) * ((p.dstate + nt - 1) / nt);
+int fwd_pass_state_tiles(int64_t headdim, int64_t dstate, int dstate_tile) {
+  const int64_t nt = dstate_tile == 32 ? 32 : 64;
+  return static_cast<int>(((headdim + st::kP - 1) / st::kP) * ((dstate + nt - 1) / nt));
 }
 
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream) {

@@ -36,8 +36,8 @@ int compute_out_max_heads_per_cta(int headdim);
 void launch_chunk_offsets(const SsdParams& p, cudaStream_t stream);
 // dt' and the in-chunk cumulative sum of A * dt' (times log2 e) for every chunk slot.
 void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream);
-// fwd_pass_state's CTAs per (walk, head) with setting `cfg` (SsdParams::ready_tiles).
-int fwd_pass_state_tiles(const SsdParams& p, const PassStateConfig& cfg);
+// fwd_pass_state's CTAs per (walk, head) with a dstate tile of 32 or 64 (SsdParams::ready_tiles).
+int fwd_pass_state_tiles(int64_t headdim, int64_t dstate, int dstate_tile);
 // The state after every chunk (p.states) and after every walk (p.final_states); with p.ready,
 // its progress per chunk for compute_out.
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream);
