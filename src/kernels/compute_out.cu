@@ -17,15 +17,23 @@
 // the state after chunk c - 1 (SsdParams::ready); the C_m loads are in flight meanwhile.
 //
 // C_m stays in shared memory for the whole CTA; H slices, B_j slices and X_hj tiles stream
-// through a ring of 2-4 cp.async stages (as many as keep the most CTAs on an SM), issued one
-// step less than the ring ahead. Each step waits for
-// its own wgmma: keeping wgmma batches in flight across these loops made ptxas serialize every
-// wgmma of the kernel (C7515), so latency is hidden by several CTAs per SM instead (small
-// register and shared-memory footprint; see the launch bounds).
+// through a ring of 2-4 stages (as many as keep the most CTAs on an SM), issued one step less
+// than the ring ahead. Thread 0 issues each tile as one TMA load completing on the stage's
+// mbarrier (previous states in another dtype than the compute type are converted by all
+// threads instead). Each step waits for its own wgmma: keeping wgmma batches in flight across
+// these loops made ptxas serialize every wgmma of the kernel (C7515), so latency is hidden by
+// several CTAs per SM instead (small register and shared-memory footprint; see the launch
+// bounds).
+//
+// Rows past a chunk's last token: the TMA loads read zeros past the end of a row (batched
+// layout); in the varlen layout they read the next sequence's tokens, which only meet exact
+// zeros of the masked S and rows of the output that are not stored.
 #include <algorithm>
 
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
+#include "kernels/tensor_map.hpp"
+#include "kernels/tma.cuh"
 
 namespace mamba2_ssd::kernels {
 
@@ -40,12 +48,24 @@ constexpr int kThreads = 128;
 constexpr int kM = 64;  // output tokens per CTA
 constexpr int kN = 64;  // dstate slice and source-token block
 
+// The TMA loads of one tile, their coordinates innermost first (see launch_compute_out).
+struct TileMaps {
+  CUtensorMap C, B;    // (n, token, group, row), box 64 x 64
+  CUtensorMap x;       // (p, token, head, row), box 64 x 64 (two loads for headdim 128)
+  CUtensorMap states;  // (n, p, head, chunk, row), box 64 x P; when in the compute type
+  CUtensorMap init;    // (n, p, head, walk), box 64 x P; when in the compute type
+};
+
+// Shared-memory tile layouts: the 128-byte-swizzled canonical wgmma layouts, which are also
+// where a TMA box of 64 columns x rows with the 128-byte swizzle puts its elements (for X,
+// headdim 128 is two such boxes one after the other: the token mode is tiled first).
 template <class T, int P>
 struct Traits {
   using LayoutC = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<kM>, Int<kN>>{}));  // (t, n)
   using LayoutH = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<P>, Int<kN>>{}));   // (p, n)
   using LayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<kN>, Int<kN>>{}));  // (s, n)
-  using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<P>, Int<kN>>{}));  // (p, s)
+  using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<P>, Int<kN>>{},
+                                         Step<_2, _1>{}));                                             // (p, s)
   using MmaCB = decltype(make_tiled_mma(
       GMMA::ss_op_selector<T, T, float, Shape<Int<kM>, Int<kN>, Int<kN>>, GMMA::Major::K, GMMA::Major::K>()));
   using MmaCH = decltype(make_tiled_mma(
@@ -56,19 +76,29 @@ struct Traits {
   static constexpr int kStageBytes = P * kN * 2;    // the largest streamed tile (H slice or X tile)
 };
 
+constexpr int kMaxStages = 4;
+
 // Shared-memory plan: [C_m: nk slices][`stages` stages][masked CB: 64 x 64 fp32][cum: HB x Q]
-// [dt', then log2 dt': HB x Q][D: HB x P][seq_idx: Q]; tiles 1024-aligned.
+// [dt', then log2 dt': HB x Q][D: HB x P][seq_idx: Q][mbarriers: C_m, then one per stage];
+// tiles 1024-aligned.
 template <class T, int P, int HB>
 __host__ __device__ constexpr int smem_bytes(int nk, int q, int stages) {
   return 1024 + nk * Traits<T, P>::kSliceBytes + stages * Traits<T, P>::kStageBytes + kM * kN * 4 +
-         (2 * HB + 1) * q * 4 + HB * P * 4;
+         (2 * HB + 1) * q * 4 + HB * P * 4 + 8 + 8 * (1 + kMaxStages);
 }
 
 // Rarely used path kept out of line so the main loop stays small (instruction cache): a
-// previous state in another dtype than the compute type (fp32 chunk states or initial states).
+// previous state in another dtype than the compute type (fp32 chunk states or initial states),
+// converted into the stage by all threads. Thread v = tid + 128 * it writes the 16-byte vector
+// at (row v / 8, column 8 * (v % 8)); its offset advances by 2048 bytes per iteration in this
+// layout (tests/cpp/test_tile_layouts.cu).
 template <class T, int P>
 __device__ __noinline__ void load_h_convert(char* stage, const char* hbase, DType dtype, int64_t sp, int ks,
-                                            int dstate, uint32_t off_k, int r_k, int c_k) {
+                                            int dstate) {
+  const int tid = threadIdx.x;
+  const int r_k = tid / 8, c_k = (tid % 8) * 8;
+  Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Traits<T, P>::LayoutH{});
+  const uint32_t off_k = static_cast<uint32_t>(reinterpret_cast<char*>(&sH(r_k, c_k)) - stage);
 #pragma unroll 1
   for (int it = 0; it < P / 16; ++it) {
     const int r = r_k + 16 * it;
@@ -104,21 +134,11 @@ __device__ __forceinline__ void wgmma_issue(Mma& mma, TA const& a, TB const& b, 
   warpgroup_commit_batch();
 }
 
-// cp.async.wait_group with a run-time count (0..3).
-__device__ __forceinline__ void cp_async_wait_upto(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    default: cp_async_wait<3>(); break;
-  }
-}
-
-constexpr int kMinStages = 2, kMaxStages = 4;  // the stage in use and at least one being filled
+constexpr int kMinStages = 2;  // the stage in use and at least one being filled
 
 template <class T, int P, int HB>
 __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
-    compute_out_kernel(const SsdParams p, const int stages) {
+    compute_out_kernel(const SsdParams p, const int stages, const __grid_constant__ TileMaps maps) {
   using Tr = Traits<T, P>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by pointer arithmetic (keeps the shared address space visible).
@@ -145,8 +165,6 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   const int tid = threadIdx.x;
   const int q = p.chunk;
   const int nk = (p.dstate + kN - 1) / kN;
-  const T* Cg = static_cast<const T*>(p.C) + ci.row * p.C_sb + ci.tok0 * p.C_st + grp * p.C_sg;
-  const T* Bg = static_cast<const T*>(p.B) + ci.row * p.B_sb + ci.tok0 * p.B_st + grp * p.B_sg;
   const T* Xrow = static_cast<const T*>(p.x) + ci.row * p.x_sb + ci.tok0 * p.x_st;
   const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + ci.row * p.seq_sb : nullptr;
 
@@ -157,31 +175,25 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   float* s_dtp = s_cum + HB * q;                                                   // [HB][q]
   float* s_d = s_dtp + HB * q;                                                     // [HB][P]
   int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + HB * P);                       // [q]
-
-  // ---- per-thread copy plans. Thread v = tid + 128 * it copies the 16-byte vector at
-  // (row v / (cols / 8), column 8 * (v % (cols / 8))); its shared offset then advances by
-  // 2048 bytes per iteration in every tile layout used here (tests/cpp/test_tile_layouts.cu).
-  const int r_k = tid / 8, c_k = (tid % 8) * 8;  // K-major tiles with 64 columns (C, B, H slices)
-  uint32_t off_k, off_x;
-  {
-    Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem)), typename Tr::LayoutC{});
-    off_k = static_cast<uint32_t>(reinterpret_cast<char*>(&sC(r_k, c_k)) - smem);
+  uint64_t* s_bar = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(s_seq + q) + 7) & ~uintptr_t{7});
+  uint64_t* bar_c = s_bar;       // C_m
+  uint64_t* bar_stage = s_bar + 1;  // [stages]
+  if (tid == 0) {
+    for (int b = 0; b < 1 + stages; ++b) tma::mbar_init(s_bar + b, 1);  // thread 0 arrives once per phase
+    tma::fence_mbar_init();
   }
-  constexpr int kXVec = P / 8;                             // vectors per X row (token)
-  const int s_x = tid / kXVec, p_x = (tid % kXVec) * 8;    // X tile: (p, token), MN-major
-  {
-    Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem)), typename Tr::LayoutX{});
-    off_x = static_cast<uint32_t>(reinterpret_cast<char*>(&sX(p_x, s_x)) - smem);
-  }
+  __syncthreads();
+  // TMA coordinates (element indices, innermost first) of the chunk's first token.
+  const int row32 = static_cast<int>(ci.row), tok32 = static_cast<int>(ci.tok0), grp32 = static_cast<int>(grp);
 
-  // ---- prologue (one cp.async group): C_m (all dstate slices), cum / dt' of the heads, seq_idx
+
+  // ---- prologue: C_m (all dstate slices, TMA), then cum / dt' of the heads and seq_idx (one
+  // cp.async group)
+  if (tid == 0) {
+    tma::mbar_arrive_expect(bar_c, nk * Tr::kSliceBytes);
 #pragma unroll 1
-  for (int ks = 0; ks < nk; ++ks) {
-#pragma unroll
-    for (int it = 0; it < kM / 16; ++it) {
-      const int t = m * kM + r_k + 16 * it, n = ks * kN + c_k;
-      const bool ok = t < ci.count && n < p.dstate;
-      cp_async_16(s_c + ks * Tr::kSliceBytes + off_k + it * 2048, ok ? Cg + t * p.C_st + n : Cg, ok);
+    for (int ks = 0; ks < nk; ++ks) {
+      tma::load_4d(&maps.C, bar_c, s_c + ks * Tr::kSliceBytes, ks * kN, tok32 + m * kM, grp32, row32);
     }
   }
 #pragma unroll 1
@@ -236,63 +248,66 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   const int prev_esz = dtype_size_dev(prev_dtype);
 
   // ---- producer: a cursor over the steps [H_h slices for each head] then for j = 0..m
-  // [B_j slices][X_hj for each head]; every call commits one cp.async group (maybe empty).
+  // [B_j slices][X_hj for each head]. Thread 0 issues the TMA loads of a step onto the stage's
+  // mbarrier; a previous state in another dtype is converted by all threads (plain stores,
+  // made visible to wgmma by the fence and barrier at the start of every step) and thread 0
+  // only arrives. Every thread runs the cursor (a few integer operations per step).
   enum : int { kPhaseH = 0, kPhaseB = 1, kPhaseX = 2, kPhaseDone = 3 };
   int ph = has_prev ? kPhaseH : kPhaseB, cur_h = 0, cur_ks = 0, cur_j = 0, fill = 0;  // fill: next stage
-  const T* b_thr = Bg + r_k * p.B_st + c_k;                   // + (j*64 + 16*it) rows, + ks*64 cols
-  const T* x_thr = Xrow + s_x * p.x_st + p_x;                  // + h heads, + (j*64 + it*rows) rows
-  const int64_t b_step = 16 * p.B_st;
-  const int64_t x_step = (kThreads / kXVec) * p.x_st;
+  const bool h_from_states = ci.local > 0;
+  const int walk32 = static_cast<int>(ci.walk), prev_chunk32 = static_cast<int>(g - 1);
+  const int h32 = static_cast<int>(h0);
   auto issue_next = [&]() {
-    if (ph != kPhaseDone) {
-      char* stage = s_stages + fill * Tr::kStageBytes;
-      fill = fill + 1 == stages ? 0 : fill + 1;
-      if (ph == kPhaseH) {
-        const char* hbase = prev_base + (h0 + cur_h) * prev_sh * prev_esz;
-        if (prev_native) {
-          const int n = cur_ks * kN + c_k;
-          const bool ok = n < p.dstate;
-          const T* src = reinterpret_cast<const T*>(hbase) + r_k * prev_sp + n;
-          const int64_t h_step = 16 * prev_sp;
-#pragma unroll
-          for (int it = 0; it < P / 16; ++it) cp_async_16(stage + off_k + it * 2048, ok ? src + it * h_step : Bg, ok);
-        } else {
-          load_h_convert<T, P>(stage, hbase, prev_dtype, prev_sp, cur_ks, p.dstate, off_k, r_k, c_k);
+    if (ph == kPhaseDone) return;
+    char* stage = s_stages + fill * Tr::kStageBytes;
+    uint64_t* bar = bar_stage + fill;
+    fill = fill + 1 == stages ? 0 : fill + 1;
+    if (ph == kPhaseH) {
+      if (prev_native) {
+        if (tid == 0) {
+          tma::mbar_arrive_expect(bar, Tr::kStageBytes);
+          if (h_from_states) tma::load_5d(&maps.states, bar, stage, cur_ks * kN, 0, h32 + cur_h, prev_chunk32, row32);
+          else tma::load_4d(&maps.init, bar, stage, cur_ks * kN, 0, h32 + cur_h, walk32);
         }
-        if (++cur_ks == nk) {
-          cur_ks = 0;
-          if (++cur_h == nh) { cur_h = 0; ph = kPhaseB; }
-        }
-      } else if (ph == kPhaseB) {
-        const bool col_ok = cur_ks * kN + c_k < p.dstate;
-        const T* src = b_thr + cur_j * kN * p.B_st + cur_ks * kN;
-#pragma unroll
-        for (int it = 0; it < kN / 16; ++it) {
-          const bool ok = col_ok && cur_j * kN + r_k + 16 * it < ci.count;
-          cp_async_16(stage + off_k + it * 2048, ok ? src + it * b_step : Bg, ok);
-        }
-        if (++cur_ks == nk) { cur_ks = 0; ph = kPhaseX; }
       } else {
-        const T* src = x_thr + (h0 + cur_h) * p.x_sh + cur_j * kN * p.x_st;
+        load_h_convert<T, P>(stage, prev_base + (h0 + cur_h) * prev_sh * prev_esz, prev_dtype, prev_sp, cur_ks,
+                             p.dstate);
+        if (tid == 0) tma::mbar_arrive_expect(bar, 0);
+      }
+      if (++cur_ks == nk) {
+        cur_ks = 0;
+        if (++cur_h == nh) { cur_h = 0; ph = kPhaseB; }
+      }
+    } else if (ph == kPhaseB) {
+      if (tid == 0) {
+        tma::mbar_arrive_expect(bar, kN * kN * 2);
+        tma::load_4d(&maps.B, bar, stage, cur_ks * kN, tok32 + cur_j * kN, grp32, row32);
+      }
+      if (++cur_ks == nk) { cur_ks = 0; ph = kPhaseX; }
+    } else {
+      if (tid == 0) {
+        tma::mbar_arrive_expect(bar, P * kN * 2);
 #pragma unroll
-        for (int it = 0; it < kN * kXVec / kThreads; ++it) {
-          const bool ok = cur_j * kN + s_x + it * (kThreads / kXVec) < ci.count;
-          cp_async_16(stage + off_x + it * 2048, ok ? src + it * x_step : Bg, ok);
-        }
-        if (++cur_h == nh) {
-          cur_h = 0;
-          ph = ++cur_j > m ? kPhaseDone : kPhaseB;
+        for (int half = 0; half < P / 64; ++half) {
+          tma::load_4d(&maps.x, bar, stage + half * 64 * kN * 2, half * 64, tok32 + cur_j * kN, h32 + cur_h, row32);
         }
       }
+      if (++cur_h == nh) {
+        cur_h = 0;
+        ph = ++cur_j > m ? kPhaseDone : kPhaseB;
+      }
     }
-    cp_async_commit();
   };
+  // The chunk states were stored by fwd_pass_state's generic stores and acquired above; order
+  // that before the TMA reads of them.
+  if (tid == 0) tma::fence_proxy_async_global();
 #pragma unroll 1
   for (int s = 0; s < stages - 1; ++s) issue_next();
 
   // ---- per-thread rows and their sequence bounds (after the prologue group landed)
-  cp_async_wait_upto(stages - 1);
+  cp_async_wait<0>();
   __syncthreads();
+  tma::mbar_wait(bar_c, 0);
   // log2(dt') per slot (see the S step).
 #pragma unroll 1
   for (int v = tid; v < nh * q; v += kThreads) s_dtp[v] = fast_log2(s_dtp[v]);
@@ -342,14 +357,17 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   const bool io16 = p.io_dtype != DType::kFloat32;
   const int lane = tid % 32;
 
-  // One pipeline step: wait for its tiles, make them visible to the async proxy, then refill the
-  // stage of step i - 1 (its wgmma completed before the barrier).
+  // One pipeline step: wait for its tiles (and make converted ones visible to the async proxy)
+  // and for every thread to be done with step i - 1; the step issues its wgmma, then refills the
+  // stage of step i - 1 (issue_next; thread 0's TMA issue then runs under the wgmma instead of
+  // delaying the warpgroup's wgmma), then waits for its wgmma.
   int use = 0;  // the stage of the current step
+  uint32_t parity = 0;  // bit s: the phase of stage s to wait for
   auto step_begin = [&]() -> char* {
-    cp_async_wait_upto(stages - 2);
+    tma::mbar_wait(bar_stage + use, (parity >> use) & 1u);
+    parity ^= 1u << use;
     fence_async_shared();
     __syncthreads();
-    issue_next();
     char* st = s_stages + use * Tr::kStageBytes;
     use = use + 1 == stages ? 0 : use + 1;
     return st;
@@ -366,6 +384,7 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
           Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + ks * Tr::kSliceBytes)), typename Tr::LayoutC{});
           Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutH{});
           wgmma_issue(mma_ch, thr_ch.partition_fragment_A(sC), thr_ch.partition_fragment_B(sH), acc[h], ks == 0);
+          issue_next();
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc[h]);
         }
@@ -382,6 +401,7 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
       Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_c + ks * Tr::kSliceBytes)), typename Tr::LayoutC{});
       Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(stage)), typename Tr::LayoutB{});
       wgmma_issue(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb, ks == 0);
+      issue_next();
       warpgroup_wait<0>();
       warpgroup_fence_operand(cb);
     }
@@ -458,16 +478,18 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
         warpgroup_fence_operand(sf);
         // Without a previous state, the first block starts the accumulator.
         wgmma_issue(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[h], j == 0 && !has_prev);
+        issue_next();
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc[h]);
       }
     }
   }
-  // ---- epilogue, per head: out = (acc + D x) * silu(z). After the loop (x again from global,
-  // where it is still in L2) so that the address math is not kept live across the loop. The
-  // values go in groups of kGroup: all loads of a group first, then its math and stores, so
-  // that a group costs one memory latency, not one per value (stores may alias the inputs as
-  // far as the compiler knows, so it would not hoist the loads itself).
+  // ---- epilogue, per head: out = (acc + D x) * silu(z). x comes from X_hm in the ring when its
+  // stage was not refilled (the tiles of the last `stages` steps stay; 16-bit inputs), else
+  // from global memory (L2). The values go in groups of kGroup: all loads of a group first,
+  // then its math and stores, so that a group costs one memory latency, not one per value
+  // (stores may alias the inputs as far as the compiler knows, so it would not hoist the loads
+  // itself).
   constexpr int kGroup = 16;
   const int64_t rowoff_x = p.x_st, rowoff_z = p.z_st;
   const T* z16 = static_cast<const T*>(p.z);
@@ -481,6 +503,11 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
       const int64_t tok_base = ci.row * p.out_sb + ci.tok0 * p.out_st + hg * p.out_sh;
       const T* x_h = Xrow + hg * p.x_sh;
       const float* xf_h = p.x_f32 + ci.row * p.xf_sb + ci.tok0 * p.xf_st + hg * p.xf_sh;
+      // X_hm was the step nh - 1 - h before the last one; steps use the stages in turn.
+      const bool x_smem = io16 && nh - h <= stages;
+      const int xm_step = (has_prev ? nh * nk : 0) + (m + 1) * (nk + nh) - nh + h;
+      Tensor sXm = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(s_stages + (xm_step % stages) * Tr::kStageBytes)),
+                               typename Tr::LayoutX{});
       const int64_t z_h = ci.row * p.z_sb + ci.tok0 * p.z_st + hg * p.z_sh;
 #pragma unroll
       for (int v0 = 0; v0 < kAccVals; v0 += kGroup) {
@@ -493,7 +520,8 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
           xs[u] = make_float2(0.f, 0.f);
           zs[u] = make_float2(0.f, 0.f);
           if (ok && p.D != nullptr) {
-            if (io16) xs[u] = to_float2(*reinterpret_cast<const uint32_t*>(x_h + t * rowoff_x + c), T{});
+            if (x_smem) xs[u] = to_float2(*reinterpret_cast<const uint32_t*>(&sXm(c, acc_row(v))), T{});
+            else if (io16) xs[u] = to_float2(*reinterpret_cast<const uint32_t*>(x_h + t * rowoff_x + c), T{});
             else xs[u] = *reinterpret_cast<const float2*>(xf_h + t * p.xf_st + c);
           }
           if (ok && p.z != nullptr) {
@@ -526,7 +554,6 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
       }
     }
   }
-  cp_async_wait<0>();
 }
 
 // Ring depth: the deepest of 4, 3, 2 stages that still fits the most CTAs on an SM (by shared
@@ -544,7 +571,7 @@ int pick_stages(int nk, int q, int max_smem_per_sm) {
 }
 
 template <class T, int P, int HB>
-void launch_typed(const SsdParams& p, int stages, cudaStream_t stream) {
+void launch_typed(const SsdParams& p, int stages, const TileMaps& maps, cudaStream_t stream) {
   const int nk = (p.dstate + kN - 1) / kN;
   if (stages == 0) {
     static int smem_per_sm = 0;  // the device's shared memory per SM (the same on every Hopper)
@@ -583,24 +610,55 @@ void launch_typed(const SsdParams& p, int stages, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.ready != nullptr ? 1 : 0;  // without the counters: after fwd_pass_state
-  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, stages);
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, stages, maps);
   if (err != cudaSuccess && cfg.numAttrs > 0) {
     // A driver or context without programmatic dependent launch: launch after fwd_pass_state
     // instead (the counters are then complete when compute_out starts, so it never waits).
     (void)cudaGetLastError();
     cfg.numAttrs = 0;
-    err = cudaLaunchKernelEx(&cfg, kernel, p, stages);
+    err = cudaLaunchKernelEx(&cfg, kernel, p, stages, maps);
   }
   check_cuda(err, "launch compute_out");
 }
 
 template <class T, int P>
-void launch_heads(const SsdParams& p, int hb, int stages, cudaStream_t stream) {
+void launch_heads(const SsdParams& p, int hb, int stages, const TileMaps& maps, cudaStream_t stream) {
   if constexpr (P == 64) {
-    if (hb >= 4) return launch_typed<T, P, 4>(p, stages, stream);
+    if (hb >= 4) return launch_typed<T, P, 4>(p, stages, maps, stream);
   }
-  if (hb >= 2) return launch_typed<T, P, 2>(p, stages, stream);
-  launch_typed<T, P, 1>(p, stages, stream);
+  if (hb >= 2) return launch_typed<T, P, 2>(p, stages, maps, stream);
+  launch_typed<T, P, 1>(p, stages, maps, stream);
+}
+
+// The TMA maps of one call (host only; the kernel receives them by value as a grid constant).
+TileMaps make_tile_maps(const SsdParams& p) {
+  TileMaps maps{};
+  const DType compute = p.fp16 ? DType::kFloat16 : DType::kBFloat16;
+  const uint32_t box64[4] = {64, 64, 1, 1};
+  {
+    const int64_t dims[4] = {p.dstate, p.seqlen, p.ngroups, p.batch};
+    const int64_t strides_b[3] = {2 * p.B_st, 2 * p.B_sg, 2 * p.B_sb};
+    maps.B = make_tile_map_16bit(p.B, 4, dims, strides_b, box64, "compute_out B");
+    const int64_t strides_c[3] = {2 * p.C_st, 2 * p.C_sg, 2 * p.C_sb};
+    maps.C = make_tile_map_16bit(p.C, 4, dims, strides_c, box64, "compute_out C");
+  }
+  {
+    const int64_t dims[4] = {p.headdim, p.seqlen, p.nheads, p.batch};
+    const int64_t strides[3] = {2 * p.x_st, 2 * p.x_sh, 2 * p.x_sb};
+    maps.x = make_tile_map_16bit(p.x, 4, dims, strides, box64, "compute_out x");
+  }
+  const uint32_t box_h[5] = {64, static_cast<uint32_t>(p.headdim), 1, 1, 1};
+  if (p.states != nullptr && p.state_dtype == compute) {
+    const int64_t dims[5] = {p.dstate, p.headdim, p.nheads, p.nchunks, p.batch};
+    const int64_t strides[4] = {2 * p.st_sp, 2 * p.st_sh, 2 * p.st_sc, 2 * p.st_sb};
+    maps.states = make_tile_map_16bit(p.states, 5, dims, strides, box_h, "compute_out chunk states");
+  }
+  if (p.init != nullptr && p.init_dtype == compute) {
+    const int64_t dims[4] = {p.dstate, p.headdim, p.nheads, p.varlen ? p.nseq : p.batch};
+    const int64_t strides[3] = {2 * p.init_sp, 2 * p.init_sh, 2 * p.init_sb};
+    maps.init = make_tile_map_16bit(p.init, 4, dims, strides, box_h, "compute_out initial_states");
+  }
+  return maps;
 }
 
 }  // namespace
@@ -610,12 +668,14 @@ int compute_out_max_heads_per_cta(int headdim) { return headdim <= 64 ? 4 : 2; }
 void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStream_t stream) {
   const int hb = std::max(1, std::min(cfg.heads_per_cta, p.heads_per_group));
   const int st = cfg.stages;
+  if (p.batch * p.nchunks == 0 || p.nheads == 0) return;
+  const TileMaps maps = make_tile_maps(p);
   if (p.headdim == 64) {
-    if (p.fp16) launch_heads<cutlass::half_t, 64>(p, hb, st, stream);
-    else launch_heads<cutlass::bfloat16_t, 64>(p, hb, st, stream);
+    if (p.fp16) launch_heads<cutlass::half_t, 64>(p, hb, st, maps, stream);
+    else launch_heads<cutlass::bfloat16_t, 64>(p, hb, st, maps, stream);
   } else {
-    if (p.fp16) launch_heads<cutlass::half_t, 128>(p, hb, st, stream);
-    else launch_heads<cutlass::bfloat16_t, 128>(p, hb, st, stream);
+    if (p.fp16) launch_heads<cutlass::half_t, 128>(p, hb, st, maps, stream);
+    else launch_heads<cutlass::bfloat16_t, 128>(p, hb, st, maps, stream);
   }
 }
 

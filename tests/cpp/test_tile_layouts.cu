@@ -1,6 +1,7 @@
 // The kernels copy 16-byte vectors into swizzled shared-memory tiles with per-thread offsets
 // computed once (through CuTe) plus 2048 bytes per iteration. This checks, on the host, that
-// the shortcut equals CuTe's layout for every thread and iteration of every tile used.
+// the shortcut equals CuTe's layout for every thread and iteration of every tile used; and that
+// the tiles compute_out fills with TMA loads put every element where the load puts it.
 #include <gtest/gtest.h>
 
 #include <cute/tensor.hpp>
@@ -26,18 +27,47 @@ void expect_constant_stride(const char* name, L layout, int iters, F coord) {
   }
 }
 
+// A TMA load of a box of 64 16-bit columns x `rows` rows with the 128-byte swizzle writes
+// element (column i, row o) of box `b` at byte b * rows * 128 + o * 128 + 2 * i, with bits 4-6
+// of that offset XORed with bits 7-9. `coord(b, o, i)` is the element's coordinate in the layout.
+template <class T, class L, class F>
+void expect_tma_boxes(const char* name, L layout, int boxes, int rows, F coord) {
+  alignas(1024) static T buf[1 << 16];
+  auto t = make_tensor(make_smem_ptr(buf), layout);
+  for (int b = 0; b < boxes; ++b) {
+    for (int o = 0; o < rows; ++o) {
+      for (int i = 0; i < 64; ++i) {
+        const auto c = coord(b, o, i);
+        const long off = static_cast<long>(reinterpret_cast<char*>(&t(c.first, c.second)) - reinterpret_cast<char*>(buf));
+        const long linear = static_cast<long>(b) * rows * 128 + o * 128 + 2 * i;
+        const long swizzled = linear ^ (((linear >> 7) & 7) << 4);
+        ASSERT_EQ(off, swizzled) << name << " box " << b << " row " << o << " column " << i;
+      }
+    }
+  }
+}
+
+template <class T>
+void check_tma() {
+  // compute_out: K-major tiles (row, column): C_m and B_j slices (64 rows), H slices (P rows).
+  auto k_major = [](int, int o, int i) { return std::make_pair(o, i); };
+  expect_tma_boxes<T>("C/B 64x64", tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _64>{}), 1, 64, k_major);
+  expect_tma_boxes<T>("H 128x64", tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_128, _64>{}), 1, 128, k_major);
+  // compute_out: X_j (p, token), MN-major, token mode tiled first: one box per 64 p.
+  auto mn = [](int b, int o, int i) { return std::make_pair(64 * b + i, o); };
+  expect_tma_boxes<T>("X P=64", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _64>{}, Step<_2, _1>{}), 1,
+                      64, mn);
+  expect_tma_boxes<T>("X P=128", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_128, _64>{}, Step<_2, _1>{}),
+                      2, 64, mn);
+}
+
 template <class T>
 void check_all() {
-  // compute_out: K-major 64-column tiles (C_m, B_j slices: 64 rows; H slices: 64 or 128 rows),
-  // v -> (row v / 8, column 8 * (v % 8)).
+  // compute_out, previous states converted from another dtype: K-major H slices (64 or 128
+  // rows), v -> (row v / 8, column 8 * (v % 8)).
   auto k_rows = [](int v) { return std::make_pair(v / 8, (v % 8) * 8); };
-  expect_constant_stride<T>("C/B 64x64", tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _64>{}), 4, k_rows);
+  expect_constant_stride<T>("H 64x64", tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _64>{}), 4, k_rows);
   expect_constant_stride<T>("H 128x64", tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_128, _64>{}), 8, k_rows);
-  // compute_out: X_j (p, token) MN-major, v -> (p 8 * (v % (P/8)), token v / (P/8)).
-  expect_constant_stride<T>("X P=64", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _64>{}), 4,
-                            [](int v) { return std::make_pair((v % 8) * 8, v / 8); });
-  expect_constant_stride<T>("X P=128", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_128, _64>{}), 8,
-                            [](int v) { return std::make_pair((v % 16) * 8, v / 16); });
   // fwd_pass_state: X^T (64 p x KS tokens) and B (NT x KS), MN-major.
   auto mn8 = [](int v) { return std::make_pair((v % 8) * 8, v / 8); };
   auto mn4 = [](int v) { return std::make_pair((v % 4) * 8, v / 4); };
@@ -51,5 +81,7 @@ void check_all() {
 
 TEST(TileLayouts, Bf16OffsetsAdvanceBy2048BytesPerIteration) { check_all<cutlass::bfloat16_t>(); }
 TEST(TileLayouts, Fp16OffsetsAdvanceBy2048BytesPerIteration) { check_all<cutlass::half_t>(); }
+TEST(TileLayouts, Bf16TmaBoxesLandWhereWgmmaReads) { check_tma<cutlass::bfloat16_t>(); }
+TEST(TileLayouts, Fp16TmaBoxesLandWhereWgmmaReads) { check_tma<cutlass::half_t>(); }
 
 }  // namespace
