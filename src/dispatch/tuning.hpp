@@ -12,7 +12,8 @@
 namespace mamba2_ssd::detail {
 
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
-// shapes, 2026-11-29 v6 run) where they differ by more than a few percent.
+// shapes, 2026-11-29 v6 run; compute_out's heads per CTA re-checked after its TMA loads,
+// 2026-11-30) where they differ by more than a few percent.
 // fwd_pass_state walks chunks in order, so its parallelism is only walks x heads x state tiles:
 // the 32-column dstate tile doubles its CTAs when 64-column tiles would fill less than half of
 // the SMs (anchor dstate 64/128: 32 and 64 CTAs; dstate 256: 128 CTAs, where 64 columns won by
@@ -33,6 +34,10 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
     // compute_out's CTAs: one per 64 tokens (chunk padding aside), group and pair of heads.
     const int64_t blocks = s.batch * ((s.seqlen + 63) / 64) * s.ngroups * ((hpg + 1) / 2);
     if (blocks < 3 * static_cast<int64_t>(sm_count)) hb = 1;
+    // dstate 64 with chunks of up to 128 tokens: C B^T is cheap to repeat per head, and the CTA
+    // of one head is shorter (anchor dstate 64, 64K tokens: 1.03 ms against 1.15 ms with two).
+    const bool chunk_le_128 = s.nchunks * 128 >= s.seqlen;
+    if (s.dstate <= 64 && chunk_le_128) hb = 1;
   }
   c.compute_out_heads_per_cta = hb;
   return c;

@@ -188,20 +188,23 @@ TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
 
 // The heuristic reproduces the tuner's H200 picks on the benchmark's shapes (tuning.hpp).
 TEST(TuningHeuristic, PicksOfTheH200Run) {
-  auto shape = [](int64_t b, int64_t l, int64_t h, int64_t g, int64_t n) {
+  auto shape = [](int64_t b, int64_t l, int64_t h, int64_t g, int64_t n, int64_t q = 128) {
     ProblemShape s;
     s.batch = b; s.seqlen = l; s.nheads = h; s.ngroups = g; s.headdim = 64; s.dstate = n;
+    s.nchunks = (l + q - 1) / q;
     return s;
   };
   // anchor (4 rows, 8 heads): 32-column tiles up to dstate 128, 64 from 256 on
   EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 128), 4, 132), (KernelConfig{32, 2, 2}));
   EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 256), 4, 132), (KernelConfig{64, 2, 2}));
   EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 512), 4, 132), (KernelConfig{64, 2, 2}));
+  // dstate 64 with 128-token chunks: one head per compute_out CTA
+  EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 64), 4, 132), (KernelConfig{32, 2, 1}));
   // a short sequence: one head per compute_out CTA (two would be under one wave)
   EXPECT_EQ(detail::heuristic_config(shape(4, 1024, 8, 1, 512), 4, 132).compute_out_heads_per_cta, 1);
   // the 2.7B layer and the 8-group layer
-  EXPECT_EQ(detail::heuristic_config(shape(4, 8192, 80, 1, 128), 4, 132), (KernelConfig{64, 2, 2}));
-  EXPECT_EQ(detail::heuristic_config(shape(8, 4096, 64, 8, 64), 8, 132), (KernelConfig{64, 2, 2}));
+  EXPECT_EQ(detail::heuristic_config(shape(4, 8192, 80, 1, 128, 256), 4, 132), (KernelConfig{64, 2, 2}));
+  EXPECT_EQ(detail::heuristic_config(shape(8, 4096, 64, 8, 64, 256), 8, 132), (KernelConfig{64, 2, 2}));
 }
 
 TEST(TuningValidate, ExplicitSettingsAreChecked) {
