@@ -165,7 +165,6 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   const int tid = threadIdx.x;
   const int q = p.chunk;
   const int nk = (p.dstate + kN - 1) / kN;
-  const T* Xrow = static_cast<const T*>(p.x) + ci.row * p.x_sb + ci.tok0 * p.x_st;
   const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + ci.row * p.seq_sb : nullptr;
 
   char* s_c = smem;
@@ -486,69 +485,96 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   }
   // ---- epilogue, per head: out = (acc + D x) * silu(z). x comes from X_hm in the ring when its
   // stage was not refilled (the tiles of the last `stages` steps stay; 16-bit inputs), else
-  // from global memory (L2). The values go in groups of kGroup: all loads of a group first,
-  // then its math and stores, so that a group costs one memory latency, not one per value
-  // (stores may alias the inputs as far as the compiler knows, so it would not hoist the loads
-  // itself).
-  constexpr int kGroup = 16;
-  const int64_t rowoff_x = p.x_st, rowoff_z = p.z_st;
-  const T* z16 = static_cast<const T*>(p.z);
-  const float* z32 = static_cast<const float*>(p.z);
+  // from global memory (L2). A thread owns two rows (t0, t1) and, per row, the column pairs
+  // 8k + 2 (lane % 4) (value v = 4k + 2r + e: row r, column 8k + 2 (lane % 4) + e), so every
+  // address is a per-row base plus a constant. The pairs go in groups of kGroupK column groups:
+  // all loads of a group first, then its math and stores, so that a group costs one memory
+  // latency, not one per pair (stores may alias the inputs as far as the compiler knows, so it
+  // would not hoist the loads itself).
+  constexpr int kGroupK = 4;
+  constexpr int kColGroups = P / 8;
+  const int lane_col = 2 * (lane % 4);
+  const bool row_ok[2] = {t0 < ci.count, t1 < ci.count};
+  const int64_t t_row[2] = {t0, t1};
 #pragma unroll
   for (int h = 0; h < HB; ++h) {
     if (h < nh) {
       warpgroup_fence_operand(acc[h]);
       const int64_t hg = h0 + h;
-      const float* s_dh = s_d + h * P;
-      const int64_t tok_base = ci.row * p.out_sb + ci.tok0 * p.out_st + hg * p.out_sh;
-      const T* x_h = Xrow + hg * p.x_sh;
-      const float* xf_h = p.x_f32 + ci.row * p.xf_sb + ci.tok0 * p.xf_st + hg * p.xf_sh;
-      // X_hm was the step nh - 1 - h before the last one; steps use the stages in turn.
+      const float* s_dh = s_d + h * P + lane_col;
+      // X_hm was the step nh - 1 - h before the last one; steps use the stages in turn. In the
+      // tile, (p, token s) sits at 8 KB * (p / 64) + 128 s + 2 (p % 64) with the 16-byte chunk
+      // index (bits 4-6) XORed with s % 8 (the 128-byte swizzle; tests/cpp/test_tile_layouts.cu).
       const bool x_smem = io16 && nh - h <= stages;
       const int xm_step = (has_prev ? nh * nk : 0) + (m + 1) * (nk + nh) - nh + h;
-      Tensor sXm = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(s_stages + (xm_step % stages) * Tr::kStageBytes)),
-                               typename Tr::LayoutX{});
-      const int64_t z_h = ci.row * p.z_sb + ci.tok0 * p.z_st + hg * p.z_sh;
+      const char* xm_tile = s_stages + (xm_step % stages) * Tr::kStageBytes + 2 * lane_col;
+      const char* xm_row[2];
+      int xm_swz[2];
+      const T* xg_row[2];
+      const float* xf_row[2];
+      const void* z_row[2];
+      void* out_row[2];
+      const int z_esz = io16 ? 2 : 4;
 #pragma unroll
-      for (int v0 = 0; v0 < kAccVals; v0 += kGroup) {
-        float2 xs[kGroup / 2], zs[kGroup / 2];
+      for (int r = 0; r < 2; ++r) {
+        const int tl = r ? rb : ra;  // row within the block
+        xm_row[r] = xm_tile + 128 * tl;
+        xm_swz[r] = tl & 7;
+        const int64_t tok = ci.tok0 + t_row[r];
+        xg_row[r] = static_cast<const T*>(p.x) + ci.row * p.x_sb + tok * p.x_st + hg * p.x_sh + lane_col;
+        xf_row[r] = p.x_f32 != nullptr ? p.x_f32 + ci.row * p.xf_sb + tok * p.xf_st + hg * p.xf_sh + lane_col : nullptr;
+        z_row[r] = p.z != nullptr ? static_cast<const char*>(p.z) +
+                                        (ci.row * p.z_sb + tok * p.z_st + hg * p.z_sh + lane_col) * z_esz
+                                  : nullptr;
+        out_row[r] = static_cast<char*>(p.out) +
+                     (ci.row * p.out_sb + tok * p.out_st + hg * p.out_sh + lane_col) * (io16 ? 2 : 4);
+      }
 #pragma unroll
-        for (int u = 0; u < kGroup / 2; ++u) {
-          const int v = v0 + 2 * u;
-          const int t = m * kM + acc_row(v), c = acc_col(v);
-          const bool ok = t < ci.count;
-          xs[u] = make_float2(0.f, 0.f);
-          zs[u] = make_float2(0.f, 0.f);
-          if (ok && p.D != nullptr) {
-            if (x_smem) xs[u] = to_float2(*reinterpret_cast<const uint32_t*>(&sXm(c, acc_row(v))), T{});
-            else if (io16) xs[u] = to_float2(*reinterpret_cast<const uint32_t*>(x_h + t * rowoff_x + c), T{});
-            else xs[u] = *reinterpret_cast<const float2*>(xf_h + t * p.xf_st + c);
-          }
-          if (ok && p.z != nullptr) {
-            if (io16) zs[u] = to_float2(*reinterpret_cast<const uint32_t*>(z16 + z_h + t * rowoff_z + c), T{});
-            else zs[u] = *reinterpret_cast<const float2*>(z32 + z_h + t * rowoff_z + c);
+      for (int k0 = 0; k0 < kColGroups; k0 += kGroupK) {
+        float2 xs[kGroupK][2], zs[kGroupK][2];
+#pragma unroll
+        for (int kk = 0; kk < kGroupK; ++kk) {
+          const int k = k0 + kk;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            xs[kk][r] = make_float2(0.f, 0.f);
+            zs[kk][r] = make_float2(0.f, 0.f);
+            if (row_ok[r] && p.D != nullptr) {
+              if (x_smem) {
+                const char* a = xm_row[r] + (k / 8) * 8192 + (((k % 8) ^ xm_swz[r]) << 4);
+                xs[kk][r] = to_float2(*reinterpret_cast<const uint32_t*>(a), T{});
+              } else if (io16) {
+                xs[kk][r] = to_float2(*reinterpret_cast<const uint32_t*>(xg_row[r] + 8 * k), T{});
+              } else {
+                xs[kk][r] = *reinterpret_cast<const float2*>(xf_row[r] + 8 * k);
+              }
+            }
+            if (row_ok[r] && p.z != nullptr) {
+              if (io16) zs[kk][r] = to_float2(*reinterpret_cast<const uint32_t*>(static_cast<const T*>(z_row[r]) + 8 * k), T{});
+              else zs[kk][r] = *reinterpret_cast<const float2*>(static_cast<const float*>(z_row[r]) + 8 * k);
+            }
           }
         }
 #pragma unroll
-        for (int u = 0; u < kGroup / 2; ++u) {
-          const int v = v0 + 2 * u;
-          const int t = m * kM + acc_row(v), c = acc_col(v);
-          if (t >= ci.count) continue;
-          float y0 = acc[h](v), y1 = acc[h](v + 1);
-          if (p.D != nullptr) {
-            y0 += s_dh[c] * xs[u].x;
-            y1 += s_dh[c + 1] * xs[u].y;
-          }
-          if (p.z != nullptr) {
-            y0 *= silu(zs[u].x);
-            y1 *= silu(zs[u].y);
-          }
-          const int64_t o = tok_base + t * p.out_st + c;
-          if (io16) {
-            T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + o) = *reinterpret_cast<const uint32_t*>(pair);
-          } else {
-            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + o) = make_float2(y0, y1);
+        for (int kk = 0; kk < kGroupK; ++kk) {
+          const int k = k0 + kk;
+          const float2 d = p.D != nullptr ? *reinterpret_cast<const float2*>(s_dh + 8 * k) : make_float2(0.f, 0.f);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            if (!row_ok[r]) continue;
+            const int v = 4 * k + 2 * r;
+            float y0 = acc[h](v) + d.x * xs[kk][r].x;
+            float y1 = acc[h](v + 1) + d.y * xs[kk][r].y;
+            if (p.z != nullptr) {
+              y0 *= silu(zs[kk][r].x);
+              y1 *= silu(zs[kk][r].y);
+            }
+            if (io16) {
+              T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
+              *reinterpret_cast<uint32_t*>(static_cast<T*>(out_row[r]) + 8 * k) = *reinterpret_cast<const uint32_t*>(pair);
+            } else {
+              *reinterpret_cast<float2*>(static_cast<float*>(out_row[r]) + 8 * k) = make_float2(y0, y1);
+            }
           }
         }
       }
