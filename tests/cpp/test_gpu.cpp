@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/tensor_map.hpp"
 #include "mamba2_ssd/api.hpp"
 #include "reference/reference.hpp"
 #include "test_util.hpp"
@@ -220,6 +221,28 @@ ProblemConfig base_config() {
 }
 
 // ------------------------------------------------------------------ fixed option groups
+
+// The TMA map builder (host only; runs without a GPU): a map the driver refuses, or a machine
+// without a driver, is an Error of kind kCuda naming the driver call (and, with a driver, the
+// tensor), never a crash. With a Hopper GPU, a valid map is accepted.
+TEST(TensorMap, RefusedMapIsAClearError) {
+  alignas(256) static uint16_t buf[64 * 64];
+  const int64_t dims[2] = {64, 64};
+  const uint32_t box[2] = {64, 64};
+  const int64_t bad_strides[1] = {24};  // bytes between rows: not a multiple of 16
+  try {
+    (void)kernels::make_tile_map_16bit(buf, 2, dims, bad_strides, box, "test tensor");
+    ADD_FAILURE() << "no error for a row stride of 24 bytes";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::kCuda);
+    EXPECT_NE(std::string(e.what()).find("cuTensorMapEncodeTiled"), std::string::npos) << e.what();
+    if (cuda_available()) EXPECT_NE(std::string(e.what()).find("test tensor"), std::string::npos) << e.what();
+  }
+  if (cuda_available()) {
+    const int64_t strides[1] = {128};
+    EXPECT_NO_THROW((void)kernels::make_tile_map_16bit(buf, 2, dims, strides, box, "test tensor"));
+  }
+}
 
 TEST(Gpu, AnchorLikeShape) {
   SKIP_WITHOUT_GPU();
