@@ -5,13 +5,18 @@
 //   H = carry * H + X^T (B * w)      carry, w: per chunk / per token, from chunk_cumsum
 // and stores H after each chunk (the chunk states that compute_out reads) and after the last
 // chunk (final_states). Steps of KS tokens (a whole chunk up to 128) stream through a ring of
-// cp.async stages, so the next steps' loads are in flight while the current one is multiplied.
+// stages, so the next steps' loads are in flight while the current one is multiplied: thread 0
+// issues the X and B tiles as TMA loads and the weights as a bulk copy, completing on the
+// stage's mbarrier. Tokens past a chunk's end (the next sequence's, in the varlen layout) have
+// the weight 0, so they add exact zeros.
 // The chunk-to-chunk dependency makes the per-step latency (two barriers, the smem scaling of B,
 // one wgmma batch) the cost to keep small; parallelism comes from walks x heads x state tiles.
 // Every few chunks the CTA publishes its progress (SsdParams::ready) so that compute_out, which
 // runs alongside, can use the chunk states already stored.
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
+#include "kernels/tensor_map.hpp"
+#include "kernels/tma.cuh"
 
 namespace mamba2_ssd::kernels {
 
@@ -52,8 +57,14 @@ __device__ __forceinline__ ChunkInfo walk_chunk(const SsdParams& p, const Walk& 
   return ci;
 }
 
+// The TMA loads of fwd_pass_state: x as (p, token, head, row), box 64 x KS; B as
+// (n, token, group, row), box NT x KS (64- or 128-byte swizzle, as the smem layouts below).
+struct PassMaps {
+  CUtensorMap x, B;
+};
+
 // One pipeline stage of a step of KS tokens: X^T tile (64 p x KS tokens, MN-major A operand),
-// B tile (NT x KS, MN-major B operand), the tokens' state weights and the chunk's carry factor.
+// B tile (NT x KS, MN-major B operand) and the tokens' state weights.
 template <class T, int NT, int KS>
 struct PassTiles {
   using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<st::kP>, Int<KS>>{}));
@@ -64,17 +75,20 @@ struct PassTiles {
   static constexpr int kXBytes = st::kP * KS * 2;
   static constexpr int kBBytes = NT * KS * 2;
   static constexpr int kWOffset = kXBytes + kBBytes;           // KS floats
-  static constexpr int kCarryOffset = kWOffset + KS * 4;       // 1 float
-  static constexpr int kStageBytes = (kCarryOffset + 16 + 1023) / 1024 * 1024;
+  static constexpr int kStageBytes = (kWOffset + KS * 4 + 1023) / 1024 * 1024;
+  static constexpr int kLoadBytes = kXBytes + kBBytes + KS * 4;  // per stage, for the mbarrier
 };
 
 constexpr int kPublishEvery = 4;
 
 template <class T, int NT, int KS, int kStages>
-__global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdParams p) {
+__global__ void __launch_bounds__(st::kThreads)
+    fwd_pass_state_kernel(const SsdParams p, const __grid_constant__ PassMaps maps) {
   using Tl = PassTiles<T, NT, KS>;
   extern __shared__ __align__(1024) char smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // 1024-byte alignment by an offset from smem_raw, so that the compiler still sees shared
+  // memory (LDS/STS for the B scaling instead of generic loads and stores).
+  char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x;
   // compute_out may start as soon as every CTA of this grid is resident (it waits on `ready`).
   pdl_launch_dependents();
@@ -99,69 +113,64 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
     clear(acc);
   }
 
-  // Per-thread copy plans: thread v = tid + 128 * it copies the 16-byte vector at token
-  // v / (cols / 8), column 8 * (v % (cols / 8)); the shared offset advances by 2048 bytes per
-  // iteration in these layouts (tests/cpp/test_tile_layouts.cu). Pointers: 64-bit math once.
-  constexpr int kXVec = st::kP / 8, kBVec = NT / 8;
-  const int tx = tid / kXVec, cx = (tid % kXVec) * 8;
+  // Per-thread offset of the B vector this thread scales: thread v = tid + 128 * it owns the
+  // 16-byte vector at token v / (NT / 8), column 8 * (v % (NT / 8)); the shared offset advances
+  // by 2048 bytes per iteration in this layout (tests/cpp/test_tile_layouts.cu).
+  constexpr int kBVec = NT / 8;
   const int tb = tid / kBVec, cb = (tid % kBVec) * 8;
-  uint32_t off_x, off_b;
+  uint32_t off_b;
   {
-    Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem)), typename Tl::LayoutX{});
     Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem + Tl::kXBytes)), typename Tl::LayoutB{});
-    off_x = static_cast<uint32_t>(reinterpret_cast<char*>(&sX(cx, tx)) - smem);
     off_b = static_cast<uint32_t>(reinterpret_cast<char*>(&sB(cb, tb)) - (smem + Tl::kXBytes));  // within the B tile
   }
-  const bool b_col_ok = n0 + cb < p.dstate;
-  const T* x_thr = static_cast<const T*>(p.x) + walk.row * p.x_sb + tx * p.x_st + h * p.x_sh + p0 + cx;
-  const T* b_thr = static_cast<const T*>(p.B) + walk.row * p.B_sb + tb * p.B_st + grp * p.B_sg + n0 + cb;
-  const int64_t x_step = (st::kThreads / kXVec) * p.x_st, b_step = (st::kThreads / kBVec) * p.B_st;
   const float* w_walk = p.wst + cum_offset(p, walk.row, h, walk.g0);
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * Tl::kStageBytes);  // [kStages]
+  if (tid == 0) {
+    for (int b = 0; b < kStages; ++b) tma::mbar_init(bars + b, 1);
+    tma::fence_mbar_init();
+  }
+  __syncthreads();
+  const int p32 = p0, n32 = n0, h32 = static_cast<int>(h), g32 = static_cast<int>(grp);
+  const int row32 = static_cast<int>(walk.row);
 
-  // Producer cursor over (chunk, step of KS tokens).
+  // Producer cursor over (chunk, step of KS tokens); thread 0 issues the loads.
   int64_t ld_c = 0;
   int ld_k = 0;
   auto issue_next = [&](int stage_idx) {
     if (ld_c < walk.nchunks) {
       const ChunkInfo ci = walk_chunk(p, walk, ld_c);
       const int t0 = ld_k * KS;
-      char* stage = smem + stage_idx * Tl::kStageBytes;
-      const int64_t tok = ci.tok0 - walk.tok_begin + t0;  // token offset of the step in the walk
-      const int64_t tok_row = walk.tok_begin + tok;      // ... in the row
-      const int valid = ci.count - t0;                   // tokens of this step that exist
-      const T* xs = x_thr + tok_row * p.x_st;
-      const T* bs = b_thr + tok_row * p.B_st;
-#pragma unroll
-      for (int it = 0; it < st::kP * KS / 8 / st::kThreads; ++it) {
-        const bool ok = tx + it * (st::kThreads / kXVec) < valid;
-        cp_async_16(stage + off_x + it * 2048, ok ? xs + it * x_step : x_thr, ok);
+      if (tid == 0) {
+        char* stage = smem + stage_idx * Tl::kStageBytes;
+        uint64_t* bar = bars + stage_idx;
+        const int tok = static_cast<int>(ci.tok0 + t0);  // token of the step in the row
+        tma::mbar_arrive_expect(bar, Tl::kLoadBytes);
+        tma::load_4d(&maps.x, bar, stage, p32, tok, h32, row32);
+        tma::load_4d(&maps.B, bar, stage + Tl::kXBytes, n32, tok, g32, row32);
+        tma::load_bulk(stage + Tl::kWOffset, w_walk + ld_c * p.chunk + t0, KS * 4, bar);
       }
-#pragma unroll
-      for (int it = 0; it < NT * KS / 8 / st::kThreads; ++it) {
-        const bool ok = b_col_ok && tb + it * (st::kThreads / kBVec) < valid;
-        cp_async_16(stage + Tl::kXBytes + off_b + it * 2048, ok ? bs + it * b_step : b_thr, ok);
-      }
-      const float* w = w_walk + ld_c * p.chunk + t0;
-      if (tid < KS / 4) cp_async_16(stage + Tl::kWOffset + tid * 16, w + tid * 4, true);
-      if (tid == KS / 4 && ld_k == 0) st::cp_async_4(stage + Tl::kCarryOffset, carry_walk + ld_c, true);
       if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
     }
-    cp_async_commit();
   };
 
 #pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) issue_next(s);
 
   int stage = 0;
+  uint32_t parity = 0;  // bit s: the phase of stage s to wait for
   const DType sd = p.state_dtype;
   const int64_t esz = dtype_size_dev(sd);
+  float carry_next = walk.nchunks > 0 ? carry_walk[0] : 0.0f;  // loaded a chunk ahead
   for (int64_t c = 0; c < walk.nchunks; ++c) {
     const ChunkInfo ci = walk_chunk(p, walk, c);
     const int nsteps = (ci.count + KS - 1) / KS;
+    const float carry = carry_next;
+    if (c + 1 < walk.nchunks) carry_next = carry_walk[c + 1];
     for (int k = 0; k < nsteps; ++k) {
-      cp_async_wait<kStages - 2>();
-      __syncthreads();  // stage `stage` landed for all threads; the previous stage is free
+      tma::mbar_wait(bars + stage, (parity >> stage) & 1u);
+      parity ^= 1u << stage;
+      __syncthreads();  // every thread is done with the previous stage (its wgmma completed)
       // Chunks 0..c-1 are stored (by all threads, before the barrier): publish them, a chunk
       // late and every kPublishEvery chunks (a release per chunk made this kernel 35% slower on
       // the H200; every 4 chunks, 6%).
@@ -187,7 +196,6 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
       fence_async_shared();
       __syncthreads();
       if (k == 0) {
-        const float carry = *reinterpret_cast<const float*>(sp + Tl::kCarryOffset);
 #pragma unroll
         for (int v = 0; v < size(acc); ++v) acc(v) *= carry;
       }
@@ -208,7 +216,6 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
   }
   __syncthreads();
   if (tid == 0 && ready != nullptr) store_release(ready, static_cast<int32_t>(walk.nchunks));
-  cp_async_wait<0>();
   if (p.final_states != nullptr) {
     char* dst = static_cast<char*>(p.final_states) +
                 (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
@@ -219,7 +226,7 @@ __global__ void __launch_bounds__(st::kThreads) fwd_pass_state_kernel(const SsdP
 template <class T, int NT, int KS, int kStages>
 void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
   using Tl = PassTiles<T, NT, KS>;
-  const int smem = kStages * Tl::kStageBytes + 1024;
+  const int smem = kStages * Tl::kStageBytes + 1024 + 8 * kStages;
   auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages>;
   static bool attr_set = false;  // per instantiation; cudaFuncSetAttribute is not a stream op
   if (!attr_set) {
@@ -233,8 +240,21 @@ void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
     throw_launch_error("fwd_pass_state: SsdParams::ready_tiles is " + std::to_string(p.ready_tiles) + ", expected " +
                        std::to_string(p_tiles * n_tiles) + " for dstate tile " + std::to_string(NT));
   }
+  PassMaps maps;
+  {
+    const int64_t dims[4] = {p.headdim, p.seqlen, p.nheads, p.batch};
+    const int64_t strides[3] = {2 * p.x_st, 2 * p.x_sh, 2 * p.x_sb};
+    const uint32_t box[4] = {64, KS, 1, 1};
+    maps.x = make_tile_map_16bit(p.x, 4, dims, strides, box, "fwd_pass_state x");
+  }
+  {
+    const int64_t dims[4] = {p.dstate, p.seqlen, p.ngroups, p.batch};
+    const int64_t strides[3] = {2 * p.B_st, 2 * p.B_sg, 2 * p.B_sb};
+    const uint32_t box[4] = {NT, KS, 1, 1};
+    maps.B = make_tile_map_16bit(p.B, 4, dims, strides, box, "fwd_pass_state B", NT == 32 ? 64 : 128);
+  }
   dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks));
-  kernel<<<grid, st::kThreads, smem, stream>>>(p);
+  kernel<<<grid, st::kThreads, smem, stream>>>(p, maps);
   check_cuda(cudaGetLastError(), "launch fwd_pass_state");
 }
 

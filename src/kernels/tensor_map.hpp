@@ -10,10 +10,11 @@ namespace mamba2_ssd::kernels {
 
 // A tiled load map over a tensor of `rank` (2..5) dims, dim 0 innermost and contiguous:
 // dims[i] elements, strides_bytes[i] between consecutive elements of dim i + 1 (i < rank - 1),
-// box[i] elements per load, 128-byte swizzle (box[0] must be 64 elements of 2 bytes).
-// Loads past the end of a dim read zeros. A size-1 dim may have any stride. Throws
-// mamba2_ssd::Error (kind kCuda) naming `what` when the driver refuses the map.
+// box[i] elements per load, with the 128-byte swizzle (box[0] = 64 elements of 2 bytes) or,
+// with swizzle_bytes = 64, the 64-byte one (box[0] = 32). Loads past the end of a dim read
+// zeros. A size-1 dim may have any stride. Throws mamba2_ssd::Error (kind kCuda) naming `what`
+// when the driver refuses the map.
 CUtensorMap make_tile_map_16bit(const void* base, int rank, const int64_t* dims, const int64_t* strides_bytes,
-                                const uint32_t* box, const char* what);
+                                const uint32_t* box, const char* what, int swizzle_bytes = 128);
 
 }  // namespace mamba2_ssd::kernels

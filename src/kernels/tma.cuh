@@ -61,4 +61,13 @@ __device__ __forceinline__ void load_5d(const CUtensorMap* map, uint64_t* bar, v
       : "memory");
 }
 
+// A contiguous copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared
+// memory, completion counted on `bar`.
+__device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
 }  // namespace mamba2_ssd::kernels::tma

@@ -224,23 +224,34 @@ ProblemConfig base_config() {
 
 // The TMA map builder (host only; runs without a GPU): a map the driver refuses, or a machine
 // without a driver, is an Error of kind kCuda naming the driver call (and, with a driver, the
-// tensor), never a crash. With a Hopper GPU, a valid map is accepted.
+// tensor), never a crash. With a Hopper GPU, a valid map of device memory is accepted.
 TEST(TensorMap, RefusedMapIsAClearError) {
-  alignas(256) static uint16_t buf[64 * 64];
+  void* dev = nullptr;
+  alignas(256) static uint16_t host[64 * 64];
+  void* base = host;
+  if (cuda_available()) {
+    ASSERT_EQ(cudaMalloc(&dev, 64 * 64 * 2), cudaSuccess);
+    base = dev;
+  }
   const int64_t dims[2] = {64, 64};
-  const uint32_t box[2] = {64, 64};
-  const int64_t bad_strides[1] = {24};  // bytes between rows: not a multiple of 16
+  const int64_t strides[1] = {128};
+  const uint32_t wide_box[2] = {128, 64};  // 256 bytes per box row: wider than the 128-byte swizzle
   try {
-    (void)kernels::make_tile_map_16bit(buf, 2, dims, bad_strides, box, "test tensor");
-    ADD_FAILURE() << "no error for a row stride of 24 bytes";
+    (void)kernels::make_tile_map_16bit(base, 2, dims, strides, wide_box, "test tensor");
+    ADD_FAILURE() << "no error for a 128-column box with the 128-byte swizzle";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), Error::Kind::kCuda);
     EXPECT_NE(std::string(e.what()).find("cuTensorMapEncodeTiled"), std::string::npos) << e.what();
     if (cuda_available()) EXPECT_NE(std::string(e.what()).find("test tensor"), std::string::npos) << e.what();
   }
   if (cuda_available()) {
-    const int64_t strides[1] = {128};
-    EXPECT_NO_THROW((void)kernels::make_tile_map_16bit(buf, 2, dims, strides, box, "test tensor"));
+    const uint32_t box[2] = {64, 64};
+    try {
+      (void)kernels::make_tile_map_16bit(base, 2, dims, strides, box, "test tensor");
+    } catch (const Error& e) {
+      ADD_FAILURE() << "valid map refused: " << e.what();
+    }
+    cudaFree(dev);
   }
 }
 

@@ -1,5 +1,5 @@
-// The kernels copy 16-byte vectors into swizzled shared-memory tiles with per-thread offsets
-// computed once (through CuTe) plus 2048 bytes per iteration. This checks, on the host, that
+// Some kernel paths access 16-byte vectors of swizzled shared-memory tiles with per-thread
+// offsets computed once (through CuTe) plus 2048 bytes per iteration. This checks, on the host, that
 // the shortcut equals CuTe's layout for every thread and iteration of every tile used; and that
 // the tiles compute_out fills with TMA loads put every element where the load puts it.
 #include <gtest/gtest.h>
@@ -27,20 +27,22 @@ void expect_constant_stride(const char* name, L layout, int iters, F coord) {
   }
 }
 
-// A TMA load of a box of 64 16-bit columns x `rows` rows with the 128-byte swizzle writes
-// element (column i, row o) of box `b` at byte b * rows * 128 + o * 128 + 2 * i, with bits 4-6
-// of that offset XORed with bits 7-9. `coord(b, o, i)` is the element's coordinate in the layout.
+// A TMA load of a box of `width` 16-bit columns (64 with the 128-byte swizzle, 32 with the
+// 64-byte one) x `rows` rows writes element (column i, row o) of box `b` at byte
+// b * rows * 2 * width + o * 2 * width + 2 * i, with its 16-byte chunk index XORed with bits 7-9
+// (128-byte swizzle) or 7-8 (64-byte swizzle). `coord(b, o, i)` is the element's coordinate in
+// the layout.
 template <class T, class L, class F>
-void expect_tma_boxes(const char* name, L layout, int boxes, int rows, F coord) {
+void expect_tma_boxes(const char* name, L layout, int boxes, int rows, F coord, int width = 64) {
   alignas(1024) static T buf[1 << 16];
   auto t = make_tensor(make_smem_ptr(buf), layout);
   for (int b = 0; b < boxes; ++b) {
     for (int o = 0; o < rows; ++o) {
-      for (int i = 0; i < 64; ++i) {
+      for (int i = 0; i < width; ++i) {
         const auto c = coord(b, o, i);
         const long off = static_cast<long>(reinterpret_cast<char*>(&t(c.first, c.second)) - reinterpret_cast<char*>(buf));
-        const long linear = static_cast<long>(b) * rows * 128 + o * 128 + 2 * i;
-        const long swizzled = linear ^ (((linear >> 7) & 7) << 4);
+        const long linear = static_cast<long>(b) * rows * 2 * width + o * 2 * width + 2 * i;
+        const long swizzled = linear ^ (((linear >> 7) & (width == 64 ? 7 : 3)) << 4);
         ASSERT_EQ(off, swizzled) << name << " box " << b << " row " << o << " column " << i;
       }
     }
@@ -59,6 +61,13 @@ void check_tma() {
                       64, mn);
   expect_tma_boxes<T>("X P=128", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_128, _64>{}, Step<_2, _1>{}),
                       2, 64, mn);
+  // fwd_pass_state: X^T (64 p x KS tokens) and B (NT x KS), MN-major, one box each.
+  expect_tma_boxes<T>("pass X KS=128", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _128>{}), 1, 128, mn);
+  expect_tma_boxes<T>("pass X KS=64", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _64>{}), 1, 64, mn);
+  expect_tma_boxes<T>("pass B64 KS=128", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _128>{}), 1, 128, mn);
+  expect_tma_boxes<T>("pass B32 KS=128", tile_to_shape(GMMA::Layout_MN_SW64_Atom<T>{}, Shape<_32, _128>{}), 1, 128, mn,
+                      32);
+  expect_tma_boxes<T>("pass B32 KS=64", tile_to_shape(GMMA::Layout_MN_SW64_Atom<T>{}, Shape<_32, _64>{}), 1, 64, mn, 32);
 }
 
 template <class T>
@@ -68,11 +77,9 @@ void check_all() {
   auto k_rows = [](int v) { return std::make_pair(v / 8, (v % 8) * 8); };
   expect_constant_stride<T>("H 64x64", tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, _64>{}), 4, k_rows);
   expect_constant_stride<T>("H 128x64", tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_128, _64>{}), 8, k_rows);
-  // fwd_pass_state: X^T (64 p x KS tokens) and B (NT x KS), MN-major.
+  // fwd_pass_state, scaling B (NT x KS, MN-major) in place: v -> (8 * (v % (NT/8)), token v / (NT/8)).
   auto mn8 = [](int v) { return std::make_pair((v % 8) * 8, v / 8); };
   auto mn4 = [](int v) { return std::make_pair((v % 4) * 8, v / 4); };
-  expect_constant_stride<T>("pass X KS=128", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _128>{}), 8, mn8);
-  expect_constant_stride<T>("pass X KS=64", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _64>{}), 4, mn8);
   expect_constant_stride<T>("pass B64 KS=128", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _128>{}), 8, mn8);
   expect_constant_stride<T>("pass B64 KS=64", tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<_64, _64>{}), 4, mn8);
   expect_constant_stride<T>("pass B32 KS=128", tile_to_shape(GMMA::Layout_MN_SW64_Atom<T>{}, Shape<_32, _128>{}), 4, mn4);
