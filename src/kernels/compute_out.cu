@@ -136,6 +136,121 @@ __device__ __forceinline__ void wgmma_issue(Mma& mma, TA const& a, TB const& b, 
 
 constexpr int kMinStages = 2;  // the stage in use and at least one being filled
 
+// Four values of type T (8 bytes) or float (16 bytes) as floats.
+template <class T>
+__device__ __forceinline__ float4 load4_16(const void* ptr) {
+  const uint2 w = *static_cast<const uint2*>(ptr);
+  const float2 a = to_float2(w.x, T{}), b = to_float2(w.y, T{});
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// The epilogue of a CTA's heads: out = (acc_h + D x) * silu(z) for the rows t < count.
+// Each warp owns rows 16 w .. 16 w + 15 of every accumulator. For every (head, 64-column half)
+// the warp stages those rows in `s_y` (fp32, 64 x 64; element (row, col) at
+// row * 64 + (col ^ 4 (row % 8)): conflict-free float2 writes and float4 reads), then reads
+// them back four columns per lane, 16 lanes per row, so x, z and out move as 8- or 16-byte
+// vectors along a row (coalesced). The staging selects the head's registers; the reading code
+// exists once for all heads.
+// x for D x: from X_hm in the ring when its stage was not refilled (16-bit inputs: the tiles
+// of the last `stages` steps stay; `use` is the stage after the last step, X_hm of head h was
+// the step nh - h before it), else from global memory (fp32 inputs: the original fp32 x).
+template <class T, int P, int HB, class AccFrag>
+__device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc)[HB], float* s_y, const float* s_d,
+                                               const char* s_stages, int stages, int use, const ChunkInfo& ci, int m,
+                                               int64_t h0, int nh) {
+  constexpr int kHalves = P / 64;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const bool io16 = p.io_dtype != DType::kFloat32;
+  // Staging: rows ra = 16 w + lane / 4 and ra + 8 (both = lane / 4 mod 8), columns 8 k + 2 (lane % 4).
+  const int ra = acc_row(0), rb = acc_row(2);
+  const int swz_w = ((lane / 4) & 7) << 2;
+  float* y_ra = s_y + ra * 64;
+  float* y_rb = s_y + rb * 64;
+  // Reading: lane -> columns 4 c4 .. 4 c4 + 3 of rows 16 w + 2 i + lane / 16, i = 0..7.
+  const int c4 = lane % 16;
+  const int row_first = 16 * warp + lane / 16;  // item 0's row within the block
+#pragma unroll 1
+  for (int hh = 0; hh < nh * kHalves; ++hh) {
+    const int h = hh / kHalves, half = hh % kHalves;
+    __syncwarp();  // the previous pass's reads are done
+#pragma unroll
+    for (int hc = 0; hc < HB; ++hc) {
+#pragma unroll
+      for (int hf = 0; hf < kHalves; ++hf) {
+        if (hc == h && hf == half) {
+          warpgroup_fence_operand(acc[hc]);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const int col = (8 * k + 2 * (lane % 4)) ^ swz_w;
+            const int v = 4 * (8 * hf + k);
+            *reinterpret_cast<float2*>(y_ra + col) = make_float2(acc[hc](v), acc[hc](v + 1));
+            *reinterpret_cast<float2*>(y_rb + col) = make_float2(acc[hc](v + 2), acc[hc](v + 3));
+          }
+        }
+      }
+    }
+    __syncwarp();
+    const int64_t hg = h0 + h;
+    const int pcol = 64 * half + 4 * c4;
+    const bool has_d = p.D != nullptr, has_z = p.z != nullptr;
+    const float4 d = has_d ? *reinterpret_cast<const float4*>(s_d + h * P + pcol) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const bool x_smem = io16 && nh - h <= stages;
+    const char* x_tile = s_stages + ((use - nh + h + 4 * stages) % stages) * (P * kN * 2) + half * 8192 + ((c4 & 1) << 3);
+    const int64_t tok = ci.tok0 + m * kM + row_first;  // item 0's token in the row
+    const int64_t x_off = ci.row * p.x_sb + tok * p.x_st + hg * p.x_sh + pcol;
+    const int64_t xf_off = ci.row * p.xf_sb + tok * p.xf_st + hg * p.xf_sh + pcol;
+    const int64_t z_off = ci.row * p.z_sb + tok * p.z_st + hg * p.z_sh + pcol;
+    const int64_t o_off = ci.row * p.out_sb + tok * p.out_st + hg * p.out_sh + pcol;
+    const int rows_left = ci.count - m * kM - row_first;  // item i is a token of the chunk if 2 i < rows_left
+#pragma unroll 1
+    for (int i0 = 0; i0 < 8; i0 += 4) {
+      // All loads of four items first, then their math and stores: one memory latency per four
+      // items (the compiler would not move a load above a store that may alias it).
+      float4 xv[4], zv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u;
+        const int tl = row_first + 2 * i;
+        const bool ok = 2 * i < rows_left;
+        xv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        zv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (ok && has_d) {
+          if (x_smem) xv[u] = load4_16<T>(x_tile + 128 * tl + (((c4 >> 1) ^ (tl & 7)) << 4));
+          else if (io16) xv[u] = load4_16<T>(static_cast<const T*>(p.x) + x_off + 2 * i * p.x_st);
+          else xv[u] = *reinterpret_cast<const float4*>(p.x_f32 + xf_off + 2 * i * p.xf_st);
+        }
+        if (ok && has_z) {
+          if (io16) zv[u] = load4_16<T>(static_cast<const T*>(p.z) + z_off + 2 * i * p.z_st);
+          else zv[u] = *reinterpret_cast<const float4*>(static_cast<const float*>(p.z) + z_off + 2 * i * p.z_st);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u;
+        const int tl = row_first + 2 * i;
+        if (2 * i >= rows_left) continue;
+        float4 y = *reinterpret_cast<const float4*>(s_y + tl * 64 + ((4 * c4) ^ ((tl & 7) << 2)));
+        y.x += d.x * xv[u].x;
+        y.y += d.y * xv[u].y;
+        y.z += d.z * xv[u].z;
+        y.w += d.w * xv[u].w;
+        if (has_z) {
+          y.x *= silu(zv[u].x);
+          y.y *= silu(zv[u].y);
+          y.z *= silu(zv[u].z);
+          y.w *= silu(zv[u].w);
+        }
+        if (io16) {
+          T q[4] = {from_float<T>(y.x), from_float<T>(y.y), from_float<T>(y.z), from_float<T>(y.w)};
+          *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + o_off + 2 * i * p.out_st) = *reinterpret_cast<const uint2*>(q);
+        } else {
+          *reinterpret_cast<float4*>(static_cast<float*>(p.out) + o_off + 2 * i * p.out_st) = y;
+        }
+      }
+    }
+  }
+}
+
 template <class T, int P, int HB>
 __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
     compute_out_kernel(const SsdParams p, const int stages, const __grid_constant__ TileMaps maps) {
@@ -146,14 +261,16 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
 
   // ---- which tile: (chunk, row, 64-token block m, group, slice of HB heads of the group), the
   // chunk slowest: CTAs start in chunk order, behind fwd_pass_state's walks.
-  const int64_t mb = p.chunk / kM;
-  const int64_t slices = (p.heads_per_group + HB - 1) / HB;
-  int64_t idx = blockIdx.x;
+  // (32-bit arithmetic: the launch checks that the grid fits; 64-bit division is a long
+  // subroutine call.)
+  const uint32_t mb = static_cast<uint32_t>(p.chunk / kM);
+  const uint32_t slices = static_cast<uint32_t>((p.heads_per_group + HB - 1) / HB);
+  uint32_t idx = blockIdx.x;
   const int64_t hs = idx % slices; idx /= slices;
-  const int64_t grp = idx % p.ngroups; idx /= p.ngroups;
+  const int64_t grp = idx % static_cast<uint32_t>(p.ngroups); idx /= static_cast<uint32_t>(p.ngroups);
   const int m = static_cast<int>(idx % mb); idx /= mb;
-  const int64_t row = idx % p.batch;
-  const int64_t g = idx / p.batch;
+  const int64_t row = idx % static_cast<uint32_t>(p.batch);
+  const int64_t g = idx / static_cast<uint32_t>(p.batch);
   // The last chunk's CTAs (started last) end only after fwd_pass_state has completed, so that
   // work after this kernel in the stream may read the states and final states.
   if (g == p.nchunks - 1) pdl_wait_primary();
@@ -353,7 +470,6 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   // reads back only what it wrote, so no barrier is needed.
   float4* cbm4 = reinterpret_cast<float4*>(s_cbm);
   constexpr int kAccVals = decltype(size(acc[0]))::value;
-  const bool io16 = p.io_dtype != DType::kFloat32;
   const int lane = tid % 32;
 
   // One pipeline step: wait for its tiles (and make converted ones visible to the async proxy)
@@ -483,103 +599,16 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
       }
     }
   }
-  // ---- epilogue, per head: out = (acc + D x) * silu(z). x comes from X_hm in the ring when its
-  // stage was not refilled (the tiles of the last `stages` steps stay; 16-bit inputs), else
-  // from global memory (L2). A thread owns two rows (t0, t1) and, per row, the column pairs
-  // 8k + 2 (lane % 4) (value v = 4k + 2r + e: row r, column 8k + 2 (lane % 4) + e), so every
-  // address is a per-row base plus a constant. The pairs go in groups of kGroupK column groups:
-  // all loads of a group first, then its math and stores, so that a group costs one memory
-  // latency, not one per pair (stores may alias the inputs as far as the compiler knows, so it
-  // would not hoist the loads itself).
-  constexpr int kGroupK = 4;
-  constexpr int kColGroups = P / 8;
-  const int lane_col = 2 * (lane % 4);
-  const bool row_ok[2] = {t0 < ci.count, t1 < ci.count};
-  const int64_t t_row[2] = {t0, t1};
-#pragma unroll
-  for (int h = 0; h < HB; ++h) {
-    if (h < nh) {
-      warpgroup_fence_operand(acc[h]);
-      const int64_t hg = h0 + h;
-      const float* s_dh = s_d + h * P + lane_col;
-      // X_hm was the step nh - 1 - h before the last one; steps use the stages in turn. In the
-      // tile, (p, token s) sits at 8 KB * (p / 64) + 128 s + 2 (p % 64) with the 16-byte chunk
-      // index (bits 4-6) XORed with s % 8 (the 128-byte swizzle; tests/cpp/test_tile_layouts.cu).
-      const bool x_smem = io16 && nh - h <= stages;
-      const int xm_step = (has_prev ? nh * nk : 0) + (m + 1) * (nk + nh) - nh + h;
-      const char* xm_tile = s_stages + (xm_step % stages) * Tr::kStageBytes + 2 * lane_col;
-      const char* xm_row[2];
-      int xm_swz[2];
-      const T* xg_row[2];
-      const float* xf_row[2];
-      const void* z_row[2];
-      void* out_row[2];
-      const int z_esz = io16 ? 2 : 4;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int tl = r ? rb : ra;  // row within the block
-        xm_row[r] = xm_tile + 128 * tl;
-        xm_swz[r] = tl & 7;
-        const int64_t tok = ci.tok0 + t_row[r];
-        xg_row[r] = static_cast<const T*>(p.x) + ci.row * p.x_sb + tok * p.x_st + hg * p.x_sh + lane_col;
-        xf_row[r] = p.x_f32 != nullptr ? p.x_f32 + ci.row * p.xf_sb + tok * p.xf_st + hg * p.xf_sh + lane_col : nullptr;
-        z_row[r] = p.z != nullptr ? static_cast<const char*>(p.z) +
-                                        (ci.row * p.z_sb + tok * p.z_st + hg * p.z_sh + lane_col) * z_esz
-                                  : nullptr;
-        out_row[r] = static_cast<char*>(p.out) +
-                     (ci.row * p.out_sb + tok * p.out_st + hg * p.out_sh + lane_col) * (io16 ? 2 : 4);
-      }
-#pragma unroll
-      for (int k0 = 0; k0 < kColGroups; k0 += kGroupK) {
-        float2 xs[kGroupK][2], zs[kGroupK][2];
-#pragma unroll
-        for (int kk = 0; kk < kGroupK; ++kk) {
-          const int k = k0 + kk;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            xs[kk][r] = make_float2(0.f, 0.f);
-            zs[kk][r] = make_float2(0.f, 0.f);
-            if (row_ok[r] && p.D != nullptr) {
-              if (x_smem) {
-                const char* a = xm_row[r] + (k / 8) * 8192 + (((k % 8) ^ xm_swz[r]) << 4);
-                xs[kk][r] = to_float2(*reinterpret_cast<const uint32_t*>(a), T{});
-              } else if (io16) {
-                xs[kk][r] = to_float2(*reinterpret_cast<const uint32_t*>(xg_row[r] + 8 * k), T{});
-              } else {
-                xs[kk][r] = *reinterpret_cast<const float2*>(xf_row[r] + 8 * k);
-              }
-            }
-            if (row_ok[r] && p.z != nullptr) {
-              if (io16) zs[kk][r] = to_float2(*reinterpret_cast<const uint32_t*>(static_cast<const T*>(z_row[r]) + 8 * k), T{});
-              else zs[kk][r] = *reinterpret_cast<const float2*>(static_cast<const float*>(z_row[r]) + 8 * k);
-            }
-          }
-        }
-#pragma unroll
-        for (int kk = 0; kk < kGroupK; ++kk) {
-          const int k = k0 + kk;
-          const float2 d = p.D != nullptr ? *reinterpret_cast<const float2*>(s_dh + 8 * k) : make_float2(0.f, 0.f);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            if (!row_ok[r]) continue;
-            const int v = 4 * k + 2 * r;
-            float y0 = acc[h](v) + d.x * xs[kk][r].x;
-            float y1 = acc[h](v + 1) + d.y * xs[kk][r].y;
-            if (p.z != nullptr) {
-              y0 *= silu(zs[kk][r].x);
-              y1 *= silu(zs[kk][r].y);
-            }
-            if (io16) {
-              T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
-              *reinterpret_cast<uint32_t*>(static_cast<T*>(out_row[r]) + 8 * k) = *reinterpret_cast<const uint32_t*>(pair);
-            } else {
-              *reinterpret_cast<float2*>(static_cast<float*>(out_row[r]) + 8 * k) = make_float2(y0, y1);
-            }
-          }
-        }
-      }
-    }
-  }
+  // ---- epilogue, per head: out = (acc + D x) * silu(z). Each warp stages its 16 rows of the
+  // accumulator, 64 columns at a time, in the (now free) masked-CB buffer as fp32, then reads
+  // them back four consecutive columns per lane (a row is 16 lanes), so x, z and out move as
+  // 8- or 16-byte vectors along the row. x comes from X_hm in the ring when its stage was not
+  // refilled (16-bit inputs: the tiles of the last `stages` steps stay), else from global
+  // memory. One copy of this code serves every head (the staging picks the head's registers):
+  // the epilogue used to be unrolled per head, column and dtype, and its size made the kernel
+  // stall on instruction fetch.
+  __syncthreads();  // every warp is done reading the masked CB
+  epilogue_heads<T, P, HB>(p, acc, s_cbm, s_d, s_stages, stages, use, ci, m, h0, nh);
 }
 
 // Ring depth: the deepest of 4, 3, 2 stages that still fits the most CTAs on an SM (by shared

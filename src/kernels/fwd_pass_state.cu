@@ -161,12 +161,21 @@ __global__ void __launch_bounds__(st::kThreads)
   uint32_t parity = 0;  // bit s: the phase of stage s to wait for
   const DType sd = p.state_dtype;
   const int64_t esz = dtype_size_dev(sd);
-  float carry_next = walk.nchunks > 0 ? carry_walk[0] : 0.0f;  // loaded a chunk ahead
+  // The chunks' carries, 32 at a time: lane i holds the carry of chunk c0 + i of the current
+  // block of 32 and of the next block (loaded a block ahead; a value loaded a single chunk ahead
+  // was moved into a uniform register right after its load, which waited for it on the chain).
+  const int lane = tid % 32;
+  float carry_block = lane < walk.nchunks ? carry_walk[lane] : 0.0f;
+  float carry_block_next = 32 + lane < walk.nchunks ? carry_walk[32 + lane] : 0.0f;
   for (int64_t c = 0; c < walk.nchunks; ++c) {
     const ChunkInfo ci = walk_chunk(p, walk, c);
     const int nsteps = (ci.count + KS - 1) / KS;
-    const float carry = carry_next;
-    if (c + 1 < walk.nchunks) carry_next = carry_walk[c + 1];
+    const int c_in_block = static_cast<int>(c % 32);
+    if (c_in_block == 0 && c > 0) {
+      carry_block = carry_block_next;
+      carry_block_next = c + 32 + lane < walk.nchunks ? carry_walk[c + 32 + lane] : 0.0f;
+    }
+    const float carry = __shfl_sync(0xffffffffu, carry_block, c_in_block);
     for (int k = 0; k < nsteps; ++k) {
       tma::mbar_wait(bars + stage, (parity >> stage) & 1u);
       parity ^= 1u << stage;
