@@ -202,6 +202,33 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
     const int64_t z_off = ci.row * p.z_sb + tok * p.z_st + hg * p.z_sh + pcol;
     const int64_t o_off = ci.row * p.out_sb + tok * p.out_st + hg * p.out_sh + pcol;
     const int rows_left = ci.count - m * kM - row_first;  // item i is a token of the chunk if 2 i < rows_left
+    if (io16 && !has_z && x_smem) {
+      // The common case, without per-item dtype branches: rows 2 i apart share the swizzle
+      // phase (row_first + 2 i) % 8, with row_first % 8 = lane / 16.
+      const char* x_row = x_tile + 128 * row_first;
+      const float* y_row = s_y + row_first * 64;
+      T* o_row = static_cast<T*>(p.out) + o_off;
+      const int64_t o_step = 2 * p.out_st;
+      const int r8 = lane / 16;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int sw = (r8 + 2 * i) & 7;
+        if (2 * i < rows_left) {
+          float4 y = *reinterpret_cast<const float4*>(y_row + 128 * i + ((4 * c4) ^ (sw << 2)));
+          if (has_d) {
+            const float4 x = load4_16<T>(x_row + 256 * i + (((c4 >> 1) ^ sw) << 4));
+            y.x += d.x * x.x;
+            y.y += d.y * x.y;
+            y.z += d.z * x.z;
+            y.w += d.w * x.w;
+          }
+          T q[4] = {from_float<T>(y.x), from_float<T>(y.y), from_float<T>(y.z), from_float<T>(y.w)};
+          *reinterpret_cast<uint2*>(o_row) = *reinterpret_cast<const uint2*>(q);
+        }
+        o_row += o_step;
+      }
+      continue;
+    }
 #pragma unroll 1
     for (int i0 = 0; i0 < 8; i0 += 4) {
       // All loads of four items first, then their math and stores: one memory latency per four
