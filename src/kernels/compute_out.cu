@@ -195,7 +195,9 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
     const bool has_d = p.D != nullptr, has_z = p.z != nullptr;
     const float4 d = has_d ? *reinterpret_cast<const float4*>(s_d + h * P + pcol) : make_float4(0.f, 0.f, 0.f, 0.f);
     const bool x_smem = io16 && nh - h <= stages;
-    const char* x_tile = s_stages + ((use - nh + h + 4 * stages) % stages) * (P * kN * 2) + half * 8192 + ((c4 & 1) << 3);
+    // (headdim 128: the second 64-column box of X starts 8 KB into the stage)
+    const char* x_tile = s_stages + ((use - nh + h + 4 * stages) % stages) * Traits<T, P>::kStageBytes +
+                         half * (64 * kN * 2) + ((c4 & 1) << 3);
     const int64_t tok = ci.tok0 + m * kM + row_first;  // item 0's token in the row
     const int64_t x_off = ci.row * p.x_sb + tok * p.x_st + hg * p.x_sh + pcol;
     const int64_t xf_off = ci.row * p.xf_sb + tok * p.xf_st + hg * p.xf_sh + pcol;
