@@ -27,15 +27,19 @@ const char* layout_name(Layout l);
 // h = nheads, p = headdim, g = ngroups, n = dstate, c = number of chunks.
 // Optional tensors are absent when their data pointer is null.
 // Settings of the compiled GPU kernel variants (include/mamba2_ssd/tuning.hpp says how
-// forward() picks them). 0 means "not set". Every valid setting computes the same result.
+// forward() picks them). 0 means "not set". Every valid setting computes the same result, except
+// that a different walk segment count adds the chunk states in another order (fp32 rounding).
 struct KernelConfig {
   int pass_state_dstate_tile = 0;     // fwd_pass_state: dstate columns per CTA, 32 or 64
   int pass_state_stages = 0;          // fwd_pass_state: load-ring depth, 2 or 4
   int compute_out_heads_per_cta = 0;  // compute_out: 1, 2 or 4 (headdim 64), 1 or 2 (headdim 128)
+  // fwd_pass_state: segments each walk is split into, 1-16 (batched layout; at least 4 chunks
+  // per segment, so a larger count is reduced to what the shape allows; the varlen layout uses 1).
+  int pass_state_segments = 0;
 
   bool operator==(const KernelConfig& o) const {
     return pass_state_dstate_tile == o.pass_state_dstate_tile && pass_state_stages == o.pass_state_stages &&
-           compute_out_heads_per_cta == o.compute_out_heads_per_cta;
+           compute_out_heads_per_cta == o.compute_out_heads_per_cta && pass_state_segments == o.pass_state_segments;
   }
   bool operator!=(const KernelConfig& o) const { return !(*this == o); }
 };

@@ -534,6 +534,7 @@ nb::dict tune_result_dict(const m2::TuneResult& r) {
     nb::dict d;
     d["pass_state_dstate_tile"] = c.pass_state_dstate_tile;
     d["pass_state_stages"] = c.pass_state_stages;
+    d["pass_state_segments"] = c.pass_state_segments;
     d["compute_out_heads_per_cta"] = c.compute_out_heads_per_cta;
     return d;
   };

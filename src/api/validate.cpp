@@ -614,6 +614,9 @@ ProblemShape validate(const ForwardParams& p) {
     if (kc.pass_state_stages != 0 && kc.pass_state_stages != 2 && kc.pass_state_stages != 4) {
       fail("kernel_config.pass_state_stages", "expected 0 (unset), 2 or 4, got " + str(kc.pass_state_stages));
     }
+    if (kc.pass_state_segments < 0 || kc.pass_state_segments > 16) {
+      fail("kernel_config.pass_state_segments", "expected 0 (unset) or 1 to 16, got " + str(kc.pass_state_segments));
+    }
     const int max_heads = hp <= 64 ? 4 : 2;
     const int hc = kc.compute_out_heads_per_cta;
     if (hc != 0 && (hc < 1 || hc > max_heads || (hc & (hc - 1)) != 0)) {

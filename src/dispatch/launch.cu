@@ -43,8 +43,9 @@ std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign;
 
 // Byte offsets of the workspace regions (0-sized regions are absent).
 struct WorkspacePlan {
-  std::size_t cum = 0, dtp = 0, wst = 0, carry = 0, ready = 0, states = 0, offsets = 0, x16 = 0, b16 = 0, c16 = 0,
-              total = 0;
+  std::size_t cum = 0, dtp = 0, wst = 0, carry = 0, ready = 0, seg_sums = 0, seg_carry = 0, states = 0, offsets = 0,
+              x16 = 0, b16 = 0, c16 = 0, total = 0;
+  int max_segments = 1;
   std::size_t states_bytes = 0, offsets_bytes = 0, x16_bytes = 0, bc16_bytes = 0;
 };
 
@@ -56,10 +57,18 @@ WorkspacePlan plan_workspace(const ForwardParams& p, const ProblemShape& s) {
   w.dtp = off; off = align_up(off + per_slot * sizeof(float));
   w.wst = off; off = align_up(off + per_slot * sizeof(float));
   w.carry = off; off = align_up(off + per_slot / p.chunk_size * sizeof(float));
-  // fwd_pass_state's progress counters: one per (walk, head, CTA), for its smallest dstate tile.
+  // fwd_pass_state's progress counters: one per (walk, head, segment, CTA), for its smallest
+  // dstate tile and the most segments; its segment sums (fp32 states) and carry products.
   const int64_t walks = p.layout == Layout::kVarlen ? s.nseq : s.batch;
   const std::size_t max_tiles = static_cast<std::size_t>(kernels::fwd_pass_state_tiles(s.headdim, s.dstate, 32));
-  w.ready = off; off = align_up(off + static_cast<std::size_t>(walks) * s.nheads * max_tiles * sizeof(int32_t));
+  w.max_segments = max_walk_segments(s, p.layout == Layout::kVarlen);
+  const std::size_t walk_heads = static_cast<std::size_t>(walks) * s.nheads;
+  w.ready = off; off = align_up(off + walk_heads * w.max_segments * max_tiles * sizeof(int32_t));
+  if (w.max_segments > 1) {
+    const std::size_t sums = walk_heads * (w.max_segments - 1);
+    w.seg_sums = off; off = align_up(off + sums * s.headdim * s.dstate * sizeof(float));
+    w.seg_carry = off; off = align_up(off + sums * sizeof(float));
+  }
   if (!p.chunk_states.present()) {
     w.states_bytes = static_cast<std::size_t>(s.batch) * s.nchunks * s.nheads * s.headdim * s.dstate *
                      dtype_size(s.state_dtype);
@@ -203,7 +212,13 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   k.wst = reinterpret_cast<float*>(ws + w.wst);
   k.carry = reinterpret_cast<float*>(ws + w.carry);
   k.ready = reinterpret_cast<int32_t*>(ws + w.ready);
-  k.ready_tiles = 0;  // set with the fwd_pass_state setting (with_pass_state)
+  k.ready_tiles = 0;  // set with the fwd_pass_state setting (with_pass_state), as the segments
+  k.nseg = 1;
+  k.seg_chunks = static_cast<int32_t>(std::max<int64_t>(s.nchunks, 1));
+  if (w.max_segments > 1) {
+    k.seg_sums = reinterpret_cast<float*>(ws + w.seg_sums);
+    k.seg_carry = reinterpret_cast<float*>(ws + w.seg_carry);
+  }
   k.state_dtype = s.state_dtype;
   if (p.chunk_states.present()) {
     const TensorView& c = p.chunk_states;
@@ -250,9 +265,17 @@ bool overlap_enabled() {
   return e == nullptr || std::string(e) != "0";
 }
 
-// `k` for a fwd_pass_state setting: its CTAs per (walk, head), which compute_out waits on.
-kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStateConfig& c) {
+// `k` for a fwd_pass_state setting: its CTAs per (walk, head) and segments, which compute_out
+// waits on. The segment count is reduced to what the shape allows (max_walk_segments), then to
+// the fewest segments of the same length.
+kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStateConfig& c, const WorkspacePlan& w) {
   k.ready_tiles = kernels::fwd_pass_state_tiles(k.headdim, k.dstate, c.dstate_tile);
+  const int64_t want = std::clamp<int64_t>(c.segments, 1, w.max_segments);
+  if (want > 1) {
+    const int64_t len = (k.nchunks + want - 1) / want;
+    k.seg_chunks = static_cast<int32_t>(len);
+    k.nseg = static_cast<int32_t>((k.nchunks + len - 1) / len);
+  }
   if (!overlap_enabled()) k.ready = nullptr;
   return k;
 }
@@ -284,6 +307,7 @@ void launch_prefix(const ForwardParams& p, const ProblemShape& s, const Workspac
 KernelConfig fill_unset(KernelConfig c, const KernelConfig& from) {
   if (c.pass_state_dstate_tile == 0) c.pass_state_dstate_tile = from.pass_state_dstate_tile;
   if (c.pass_state_stages == 0) c.pass_state_stages = from.pass_state_stages;
+  if (c.pass_state_segments == 0) c.pass_state_segments = from.pass_state_segments;
   if (c.compute_out_heads_per_cta == 0) c.compute_out_heads_per_cta = from.compute_out_heads_per_cta;
   return c;
 }
@@ -319,7 +343,8 @@ DeviceId current_device_id() {
 KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s, std::string* source,
                                    std::string* key_out) {
   const DeviceId dev = current_device_id();
-  const KernelConfig heuristic = heuristic_config(s, walk_count(p, s), dev.sm_count);
+  const KernelConfig heuristic =
+      heuristic_config(s, walk_count(p, s), dev.sm_count, max_walk_segments(s, p.layout == Layout::kVarlen));
   KernelConfig c = p.kernel_config;
   std::string src = c == KernelConfig{} ? "" : "explicit";
   // Manual overrides for measuring variants (environment).
@@ -327,6 +352,7 @@ KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s
   if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_NT")) env.pass_state_dstate_tile = std::atoi(e) == 32 ? 32 : 64;
   if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_STAGES")) env.pass_state_stages = std::atoi(e) <= 2 ? 2 : 4;
   if (const char* e = std::getenv("MAMBA2_SSD_HEADS_PER_CTA")) env.compute_out_heads_per_cta = std::max(1, std::atoi(e));
+  if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_SEGMENTS")) env.pass_state_segments = std::clamp(std::atoi(e), 1, 16);
   if (env != KernelConfig{}) {
     c = fill_unset(c, env);
     if (src.empty()) src = "env";
@@ -362,12 +388,13 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   kernels::PassStateConfig ps;
   ps.dstate_tile = cfg.pass_state_dstate_tile;
   ps.stages = cfg.pass_state_stages;
+  ps.segments = cfg.pass_state_segments;
   kernels::ComputeOutConfig co;
   co.heads_per_cta = cfg.compute_out_heads_per_cta;
   // For measuring: compute_out's ring depth (2-4) instead of the deepest that keeps the most
   // CTAs on an SM.
   if (const char* e = std::getenv("MAMBA2_SSD_COMPUTE_OUT_STAGES")) co.stages = std::atoi(e);
-  const kernels::SsdParams k = with_pass_state(make_kernel_params(p, s, w, ws), ps);
+  const kernels::SsdParams k = with_pass_state(make_kernel_params(p, s, w, ws), ps, w);
   launch_prefix(p, s, w, ws, k, stream);
   // compute_out overlaps fwd_pass_state (see kernels.hpp).
   kernels::launch_fwd_pass_state(k, ps, stream);
@@ -392,7 +419,7 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
   const DeviceId dev = current_device_id();
   TuneResult r;
   r.key = make_tuning_key(dev, p, s);
-  r.heuristic = heuristic_config(s, walk_count(p, s), dev.sm_count);
+  r.heuristic = heuristic_config(s, walk_count(p, s), dev.sm_count, w.max_segments);
   const kernels::SsdParams k = make_kernel_params(p, s, w, ws);
 
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
@@ -432,15 +459,17 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
   // Each candidate is timed as the whole forward (prefix, fwd_pass_state, compute_out): the two
   // tuned kernels run alongside each other, so neither one's time alone is what a call costs.
   auto forward_ms = [&](const kernels::PassStateConfig& ps, const kernels::ComputeOutConfig& co) {
-    const kernels::SsdParams kc = with_pass_state(k, ps);
+    const kernels::SsdParams kc = with_pass_state(k, ps, w);
     return time_ms([&] {
       launch_prefix(p, s, w, ws, kc, stream);
       kernels::launch_fwd_pass_state(kc, ps, stream);
       kernels::launch_compute_out(kc, co, stream);
     });
   };
-  // Stage 1, fwd_pass_state (compute_out at the heuristic's setting): the heuristic's setting
-  // first, then the others while the budget lasts. Stage 2, compute_out with the best of those.
+  // Stage 1, fwd_pass_state's tile and ring (compute_out and the segments at the heuristic's
+  // setting): the heuristic's setting first, then the others while the budget lasts. Stage 2,
+  // its walk segments with the best of those; stage 3, compute_out with the best so far.
+  // Segment counts the shape reduces to the same split are timed once.
   kernels::ComputeOutConfig co_heur;
   co_heur.heads_per_cta = r.heuristic.compute_out_heads_per_cta;
   std::vector<std::pair<int, int>> ps = {{r.heuristic.pass_state_dstate_tile, r.heuristic.pass_state_stages}};
@@ -451,11 +480,13 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
   }
   double best_ms = 0.0;
   kernels::PassStateConfig best_ps;
+  r.best.pass_state_segments = r.heuristic.pass_state_segments;
   for (size_t i = 0; i < ps.size(); ++i) {
     if (i > 0 && elapsed() > opt.budget_seconds) { r.complete = false; break; }
     kernels::PassStateConfig c;
     c.dstate_tile = ps[i].first;
     c.stages = ps[i].second;
+    c.segments = r.heuristic.pass_state_segments;
     const double ms = forward_ms(c, co_heur);
     report("fwd_pass_state", "nt=" + std::to_string(c.dstate_tile) + " stages=" + std::to_string(c.stages), ms);
     if (i == 0) r.heuristic_ms = ms;
@@ -464,6 +495,22 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
       best_ps = c;
       r.best.pass_state_dstate_tile = c.dstate_tile;
       r.best.pass_state_stages = c.stages;
+    }
+  }
+  std::vector<int32_t> splits_timed = {with_pass_state(k, best_ps, w).nseg};
+  for (int segs : {1, 2, 4, 8, 16}) {
+    if (!r.complete || elapsed() > opt.budget_seconds) { r.complete = false; break; }
+    kernels::PassStateConfig c = best_ps;
+    c.segments = segs;
+    const int32_t nseg = with_pass_state(k, c, w).nseg;
+    if (std::find(splits_timed.begin(), splits_timed.end(), nseg) != splits_timed.end()) continue;
+    splits_timed.push_back(nseg);
+    const double ms = forward_ms(c, co_heur);
+    report("fwd_pass_state", "segments=" + std::to_string(nseg), ms);
+    if (ms < best_ms) {
+      best_ms = ms;
+      best_ps = c;
+      r.best.pass_state_segments = segs;
     }
   }
   r.best.compute_out_heads_per_cta = co_heur.heads_per_cta;

@@ -22,12 +22,24 @@ namespace mamba2_ssd::detail {
 // two heads per CTA for headdim 64 (C B^T shared by both, three CTAs per SM fit), one for
 // headdim 128 (its accumulators fill the registers) and when two would leave the grid under one
 // wave of three CTAs per SM (short sequences: dstate 512 at 1K tokens gained 17% with one).
-inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count) {
+// Walk segments (2026-11-30 v11 sweep) pay where the walks are too few for the chain to hide
+// behind compute_out: under a fifth of the SMs in 64-column tiles, about two CTAs per SM in
+// 4 to 16 segments of at least 8 chunks (1 row x 8 heads, dstate 128, 64K tokens: 603 -> 256 us; 1 row
+// x 10 heads of the 2.7B layer, 64K: 546 -> 329 us). With more walks the call is bound by the
+// two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
+// max_segments: max_walk_segments() of the call (1 in the varlen layout).
+inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments) {
   KernelConfig c;
   const int64_t p_tiles = (s.headdim + 63) / 64;
   const int64_t ctas64 = walks * s.nheads * p_tiles * ((s.dstate + 63) / 64);
   c.pass_state_dstate_tile = 2 * ctas64 < sm_count ? 32 : 64;
   c.pass_state_stages = 2;
+  c.pass_state_segments = 1;
+  const int64_t segments = std::min<int64_t>({2 * sm_count / std::max<int64_t>(ctas64, 1), s.nchunks / 8, max_segments});
+  if (5 * ctas64 <= sm_count && segments >= 4) {  // 2 halve the chain but add half of it as sums
+    c.pass_state_dstate_tile = 64;
+    c.pass_state_segments = static_cast<int>(segments);
+  }
   const int64_t hpg = s.nheads / s.ngroups;
   int hb = static_cast<int>(std::min<int64_t>(hpg, s.headdim <= 64 ? 2 : 1));
   if (hb == 2) {
@@ -41,6 +53,14 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   }
   c.compute_out_heads_per_cta = hb;
   return c;
+}
+
+// fwd_pass_state's walk segments: at most 16 and at least 4 chunks each (the segment sums take
+// workspace per segment; shorter segments would cost more in sums than they save in chain).
+// The varlen layout walks each sequence in one piece.
+inline int max_walk_segments(const ProblemShape& s, bool varlen) {
+  if (varlen) return 1;
+  return static_cast<int>(std::clamp<int64_t>(s.nchunks / 4, 1, 16));
 }
 
 // MAMBA2_SSD_AUTOTUNE=1: forward() tunes a shape class it has no cache entry for (1 s budget).

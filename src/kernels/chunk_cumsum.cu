@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdPara
   const int64_t row = blockIdx.y;
   if (p.ready != nullptr) {
     // Reset the progress counters of fwd_pass_state (every CTA takes a share).
-    const int64_t n = (p.varlen ? p.nseq : p.batch) * p.nheads * p.ready_tiles;
+    const int64_t n = (p.varlen ? p.nseq : p.batch) * p.nheads * p.nseg * p.ready_tiles;
     const int64_t ctas = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
     const int64_t cta = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     for (int64_t i = cta * blockDim.x + threadIdx.x; i < n; i += ctas * blockDim.x) p.ready[i] = 0;

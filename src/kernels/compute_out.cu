@@ -368,7 +368,10 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   // every head of the slice), while the loads above are in flight.
   if (ci.local > 0 && p.ready != nullptr) {
     if (tid < nh * p.ready_tiles) {
-      const int32_t* f = p.ready + (ci.walk * p.nheads + h0 + tid / p.ready_tiles) * p.ready_tiles + tid % p.ready_tiles;
+      // The counter of the segment that walks chunk local - 1 (SsdParams::nseg).
+      const int seg = p.nseg > 1 ? static_cast<int>((ci.local - 1) / p.seg_chunks) : 0;
+      const int32_t* f =
+          p.ready + ((ci.walk * p.nheads + h0 + tid / p.ready_tiles) * p.nseg + seg) * p.ready_tiles + tid % p.ready_tiles;
       while (load_acquire(f) < ci.local) __nanosleep(200);
     }
     __syncthreads();

@@ -13,6 +13,9 @@
 // one wgmma batch) the cost to keep small; parallelism comes from walks x heads x state tiles.
 // Every few chunks the CTA publishes its progress (SsdParams::ready) so that compute_out, which
 // runs alongside, can use the chunk states already stored.
+// With walk segments (SsdParams::nseg > 1) the same kernel runs twice: a launch that only sums
+// each segment (every one but the last), then the walks, each segment starting from the state
+// the earlier segments' sums give. Few walks make the chain the cost; segments shorten it.
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
 #include "kernels/tensor_map.hpp"
@@ -84,9 +87,13 @@ struct PassTiles {
 // drain; every 8 instead of 4 made long calls 2-4% faster on the H200).
 __device__ __forceinline__ int publish_mask(int64_t nchunks) { return nchunks >= 32 ? 7 : 3; }
 
+// sums_only: the segment-sum launch (SsdParams::nseg): CTA (walk, segment k < nseg - 1) walks
+// its segment from a zero state (segment 0: from the initial state) without storing chunk
+// states, then writes the sum and the product of the segment's carries. Otherwise the walking
+// launch: segment k starts from the state entering it, combined from the earlier segments' sums.
 template <class T, int NT, int KS, int kStages>
 __global__ void __launch_bounds__(st::kThreads)
-    fwd_pass_state_kernel(const SsdParams p, const __grid_constant__ PassMaps maps) {
+    fwd_pass_state_kernel(const SsdParams p, const __grid_constant__ PassMaps maps, bool sums_only) {
   using Tl = PassTiles<T, NT, KS>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by an offset from smem_raw, so that the compiler still sees shared
@@ -100,19 +107,45 @@ __global__ void __launch_bounds__(st::kThreads)
   const int p0 = (blockIdx.x / n_tiles) * st::kP;
   const int n0 = (blockIdx.x % n_tiles) * NT;
   const int64_t h = blockIdx.y;
-  const Walk walk = make_walk(p, blockIdx.z);
+  const int nseg_grid = sums_only ? p.nseg - 1 : p.nseg;
+  const int seg = static_cast<int>(blockIdx.z % nseg_grid);
+  const Walk walk = make_walk(p, blockIdx.z / nseg_grid);
   const int64_t grp = h / p.heads_per_group;
-  // This CTA's progress counter: the number of chunks whose state it has stored.
-  int32_t* ready = p.ready != nullptr ? p.ready + (walk.walk * p.nheads + h) * p.ready_tiles + blockIdx.x : nullptr;
-  const int pmask = publish_mask(walk.nchunks);
+  // This CTA's chunks: [c_begin, c_end) of the walk.
+  const int64_t c_begin = static_cast<int64_t>(seg) * p.seg_chunks;
+  const int64_t c_end = p.nseg > 1 ? min(c_begin + p.seg_chunks, walk.nchunks) : walk.nchunks;
+  // This CTA's progress counter: the walk's chunk count up to which it has stored the states.
+  int32_t* ready = p.ready != nullptr && !sums_only
+                       ? p.ready + ((walk.walk * p.nheads + h) * p.nseg + seg) * p.ready_tiles + blockIdx.x
+                       : nullptr;
+  const int pmask = publish_mask(c_end - c_begin);
+  // Segment sums and carry products: [walk][head][segment][tile] blocks, fragment order.
+  constexpr int kAccVals = st::kP * NT / st::kThreads;
+  const int64_t sum_base = (walk.walk * p.nheads + h) * (p.nseg - 1);
+  auto sum_ptr = [&](int k) {
+    return p.seg_sums + ((sum_base + k) * p.ready_tiles + blockIdx.x) * (kAccVals * st::kThreads) + tid;
+  };
 
   typename Tl::Mma mma;
   auto thr = mma.get_slice(tid);
   Tensor acc = partition_fragment_C(mma, Shape<Int<st::kP>, Int<NT>>{});
-  if (p.init != nullptr) {
+  static_assert(decltype(size(acc))::value == kAccVals, "accumulator fragment size");
+  if (seg == 0 && p.init != nullptr) {
     const void* src = static_cast<const char*>(p.init) +
                       (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
     st::load_tile(acc, src, p.init_dtype, p.init_sp, p0, n0, p);
+  } else if (seg > 0 && !sums_only) {
+    // T_1 = sum_0 (it includes the initial state), T_k = carry_{k-1} T_{k-1} + sum_{k-1}.
+    const float* s0 = sum_ptr(0);
+#pragma unroll
+    for (int v = 0; v < kAccVals; ++v) acc(v) = s0[v * st::kThreads];
+#pragma unroll 1
+    for (int k = 1; k < seg; ++k) {
+      const float f = p.seg_carry[sum_base + k];
+      const float* sk = sum_ptr(k);
+#pragma unroll
+      for (int v = 0; v < kAccVals; ++v) acc(v) = fmaf(f, acc(v), sk[v * st::kThreads]);
+    }
   } else {
     clear(acc);
   }
@@ -139,10 +172,10 @@ __global__ void __launch_bounds__(st::kThreads)
   const int row32 = static_cast<int>(walk.row);
 
   // Producer cursor over (chunk, step of KS tokens); thread 0 issues the loads.
-  int64_t ld_c = 0;
+  int64_t ld_c = c_begin;
   int ld_k = 0;
   auto issue_next = [&](int stage_idx) {
-    if (ld_c < walk.nchunks) {
+    if (ld_c < c_end) {
       const ChunkInfo ci = walk_chunk(p, walk, ld_c);
       const int t0 = ld_k * KS;
       if (tid == 0) {
@@ -169,24 +202,29 @@ __global__ void __launch_bounds__(st::kThreads)
   // block of 32 and of the next block (loaded a block ahead; a value loaded a single chunk ahead
   // was moved into a uniform register right after its load, which waited for it on the chain).
   const int lane = tid % 32;
-  float carry_block = lane < walk.nchunks ? carry_walk[lane] : 0.0f;
-  float carry_block_next = 32 + lane < walk.nchunks ? carry_walk[32 + lane] : 0.0f;
-  for (int64_t c = 0; c < walk.nchunks; ++c) {
+  const int64_t seg_len = c_end - c_begin;
+  const float* carry_seg = carry_walk + c_begin;
+  float carry_block = lane < seg_len ? carry_seg[lane] : 0.0f;
+  float carry_block_next = 32 + lane < seg_len ? carry_seg[32 + lane] : 0.0f;
+  float carry_product = 1.0f;  // of the segment's chunks (sums_only)
+  for (int64_t c = c_begin; c < c_end; ++c) {
     const ChunkInfo ci = walk_chunk(p, walk, c);
     const int nsteps = (ci.count + KS - 1) / KS;
-    const int c_in_block = static_cast<int>(c % 32);
-    if (c_in_block == 0 && c > 0) {
+    const int64_t c_rel = c - c_begin;
+    const int c_in_block = static_cast<int>(c_rel % 32);
+    if (c_in_block == 0 && c_rel > 0) {
       carry_block = carry_block_next;
-      carry_block_next = c + 32 + lane < walk.nchunks ? carry_walk[c + 32 + lane] : 0.0f;
+      carry_block_next = c_rel + 32 + lane < seg_len ? carry_seg[c_rel + 32 + lane] : 0.0f;
     }
     const float carry = __shfl_sync(0xffffffffu, carry_block, c_in_block);
+    carry_product *= carry;
     for (int k = 0; k < nsteps; ++k) {
       tma::mbar_wait(bars + stage, (parity >> stage) & 1u);
       parity ^= 1u << stage;
       __syncthreads();  // every thread is done with the previous stage (its wgmma completed)
       // Chunks 0..c-1 are stored (by all threads, before the barrier): publish them, a chunk
       // late and every few chunks (a release per chunk made this kernel 35% slower on the H200).
-      if (k == 0 && c > 0 && (c & pmask) == 0 && tid == 0 && ready != nullptr) {
+      if (k == 0 && c_rel > 0 && (c_rel & pmask) == 0 && tid == 0 && ready != nullptr) {
         store_release(ready, static_cast<int32_t>(c));
       }
       issue_next((stage + kStages - 1) % kStages);
@@ -222,13 +260,22 @@ __global__ void __launch_bounds__(st::kThreads)
       stage = (stage + 1) % kStages;
     }
     // The state after chunk c.
-    const int64_t g = walk.g0 + c;
-    char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + g * p.st_sc + h * p.st_sh) * esz;
-    st::store_tile(acc, dst, sd, p.st_sp, p0, n0, p);
+    if (!sums_only) {
+      const int64_t g = walk.g0 + c;
+      char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + g * p.st_sc + h * p.st_sh) * esz;
+      st::store_tile(acc, dst, sd, p.st_sp, p0, n0, p);
+    }
+  }
+  if (sums_only) {
+    float* dst = sum_ptr(seg);
+#pragma unroll
+    for (int v = 0; v < kAccVals; ++v) dst[v * st::kThreads] = acc(v);
+    if (blockIdx.x == 0 && tid == 0) p.seg_carry[sum_base + seg] = carry_product;
+    return;
   }
   __syncthreads();
-  if (tid == 0 && ready != nullptr) store_release(ready, static_cast<int32_t>(walk.nchunks));
-  if (p.final_states != nullptr) {
+  if (tid == 0 && ready != nullptr) store_release(ready, static_cast<int32_t>(c_end));
+  if (p.final_states != nullptr && c_end == walk.nchunks) {
     char* dst = static_cast<char*>(p.final_states) +
                 (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
     st::store_tile(acc, dst, p.fin_dtype, p.fin_sp, p0, n0, p);
@@ -237,6 +284,7 @@ __global__ void __launch_bounds__(st::kThreads)
 
 template <class T, int NT, int KS, int kStages>
 void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
+  static_assert(st::kP * NT % st::kThreads == 0, "accumulator fragment size");
   using Tl = PassTiles<T, NT, KS>;
   const int smem = kStages * Tl::kStageBytes + 1024 + 8 * kStages;
   auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages>;
@@ -265,8 +313,14 @@ void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
     const uint32_t box[4] = {NT, KS, 1, 1};
     maps.B = make_tile_map_16bit(p.B, 4, dims, strides, box, "fwd_pass_state B", NT == 32 ? 64 : 128);
   }
-  dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks));
-  kernel<<<grid, st::kThreads, smem, stream>>>(p, maps);
+  if (p.nseg > 1) {
+    // Segment sums first (every segment but the last), then the walks.
+    dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1)));
+    kernel<<<grid_sums, st::kThreads, smem, stream>>>(p, maps, true);
+    check_cuda(cudaGetLastError(), "launch fwd_pass_state (segment sums)");
+  }
+  dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * p.nseg));
+  kernel<<<grid, st::kThreads, smem, stream>>>(p, maps, false);
   check_cuda(cudaGetLastError(), "launch fwd_pass_state");
 }
 
@@ -295,6 +349,15 @@ int fwd_pass_state_tiles(int64_t headdim, int64_t dstate, int dstate_tile) {
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream) {
   const int64_t walks = p.varlen ? p.nseq : p.batch;
   if (walks == 0) return;
+  if (p.nseg < 1 || (p.nseg > 1 && (p.varlen || p.seg_chunks < 1 || p.seg_sums == nullptr || p.seg_carry == nullptr ||
+                                    static_cast<int64_t>(p.nseg - 1) * p.seg_chunks >= p.nchunks))) {
+    throw_launch_error("fwd_pass_state: inconsistent walk segments (nseg " + std::to_string(p.nseg) + ", seg_chunks " +
+                       std::to_string(p.seg_chunks) + ", nchunks " + std::to_string(p.nchunks) + ")");
+  }
+  if (walks * p.nseg > 65535) {
+    throw_launch_error("fwd_pass_state: at most 65535 walks x segments per launch, got " +
+                       std::to_string(walks * p.nseg));
+  }
   const bool fp16 = p.fp16;
   if (cfg.dstate_tile == 32) {
     if (fp16) launch_steps<cutlass::half_t, 32>(p, walks, cfg.stages, stream);

@@ -20,6 +20,7 @@ void check_cuda(cudaError_t err, const char* what);
 struct PassStateConfig {
   int dstate_tile = 64;
   int stages = 4;
+  int segments = 1;  // walk segments wanted (SsdParams::nseg; the dispatcher fits it to the shape)
 };
 
 // compute_out: heads of one group served by one CTA (C B^T is computed once for them; each head

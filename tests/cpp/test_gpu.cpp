@@ -289,6 +289,46 @@ TEST(Gpu, EveryKernelSetting) {
   }
 }
 
+// fwd_pass_state's walk segments (segment sums, then walks that start from the combined sums):
+// uneven last segments, sequence starts (seq_idx) on and across segment edges, initial, final and
+// chunk states, both dstate tiles and rings, chunk sizes 64-256, fp16, the varlen layout (which
+// walks in one piece) and a request for more segments than the shape allows (reduced).
+TEST(Gpu, WalkSegments) {
+  SKIP_WITHOUT_GPU();
+  int seed = 1200;
+  struct Case {
+    int segments, nt, stages;
+    int64_t q, seqlen;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {2, 64, 2, 128, 4096 + 33, DType::kBFloat16}, {3, 32, 2, 64, 3000, DType::kBFloat16},
+      {5, 64, 4, 128, 5000, DType::kFloat16},       {16, 32, 4, 256, 2600, DType::kBFloat16},
+      {16, 64, 2, 64, 8192, DType::kBFloat16},      {4, 32, 2, 128, 700, DType::kBFloat16},
+  };
+  for (const Case& k : cases) {
+    for (bool with_seq : {false, true}) {
+      ProblemConfig c = base_config();
+      c.dtype = k.dtype;
+      c.chunk_size = k.q;
+      c.seqlen = k.seqlen;
+      c.want_chunk_states = true;
+      c.kernel_config = {k.nt, k.stages, 0, k.segments};
+      // Starts at a segment's first chunk, inside a segment and in the last chunk.
+      if (with_seq) c.seq_starts = {{k.q * 8, k.q * 8 + 17, k.seqlen - 5}, {k.q * 3 + 1}};
+      c.seed = ++seed;
+      check_problem(c, "segments" + std::to_string(k.segments));
+    }
+  }
+  ProblemConfig v = base_config();
+  v.layout = Layout::kVarlen;
+  v.seqlens = {70, 0, 1, 2000, 513, 40};
+  v.want_chunk_states = true;
+  v.kernel_config = {64, 2, 0, 8};
+  v.seed = ++seed;
+  check_problem(v, "segments-varlen");
+}
+
 // compute_out's load ring at each depth (chosen by shared memory per SM unless
 // MAMBA2_SSD_COMPUTE_OUT_STAGES sets it), on dstates that keep 1 to 8 C slices resident.
 TEST(Gpu, ComputeOutRingDepths) {
@@ -613,8 +653,9 @@ TEST(Gpu, TuneStoresTheBestSettingAndForwardUsesIt) {
   const TuneResult r = tune(dm.gp, ws.ptr, ws.bytes, reinterpret_cast<CUstream_st*>(stream), opt);
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(r.heuristic, before);
-  // 4 fwd_pass_state settings + compute_out heads 1, 2, 4 (8 heads in one group).
-  EXPECT_EQ(r.measured.size(), 7u);
+  // 4 fwd_pass_state settings, segments 2 and 4 (16 chunks: at most 4) + compute_out heads 1, 2,
+  // 4 (8 heads in one group).
+  EXPECT_EQ(r.measured.size(), 9u);
   EXPECT_EQ(lines.size(), r.measured.size());
   for (const auto& m : r.measured) EXPECT_GT(m.ms, 0.0) << m.kernel << " " << m.setting;
   EXPECT_GT(r.best_ms, 0.0);

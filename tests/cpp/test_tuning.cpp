@@ -85,17 +85,17 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
 
 TEST(TuningJson, RoundTripAndUnknownFieldsAreSkipped) {
   std::map<std::string, TuningEntry> a;
-  a["dev|sm132|bf16|p64"] = {{32, 4, 2}, 1.25, 1.5};
+  a["dev|sm132|bf16|p64"] = {{32, 4, 2, 8}, 1.25, 1.5};
   a["dev|sm132|f16|p128"] = {{64, 2, 1}, 0.5, 0.75};
   const std::string text = detail::to_tuning_json(a);
   std::map<std::string, TuningEntry> b;
   std::string why;
   ASSERT_TRUE(detail::parse_tuning_json(text, b, &why)) << why;
   ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b["dev|sm132|bf16|p64"].config, (KernelConfig{32, 4, 2}));
+  EXPECT_EQ(b["dev|sm132|bf16|p64"].config, (KernelConfig{32, 4, 2, 8}));
   EXPECT_DOUBLE_EQ(b["dev|sm132|bf16|p64"].ms, 1.25);
   EXPECT_EQ(b["dev|sm132|f16|p128"].config, (KernelConfig{64, 2, 1}));
-  // A later version's extra fields are ignored.
+  // A later version's extra fields are ignored; an entry from before walk segments leaves them unset.
   const std::string extra =
       "{\"version\": 1, \"note\": {\"x\": [1, 2, \"y\"]}, \"entries\": [{\"key\": \"k\", \"future\": true, "
       "\"pass_state_dstate_tile\": 64, \"pass_state_stages\": 4, \"compute_out_heads_per_cta\": 4}]}";
@@ -177,8 +177,12 @@ TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
         for (int64_t n : {16, 64, 128, 512}) {
         ProblemShape s;
         s.batch = walks; s.nheads = h; s.ngroups = 1; s.headdim = p; s.dstate = n; s.seqlen = 4096;
-        const KernelConfig c = detail::heuristic_config(s, walks, 132);
+        s.nchunks = 4096 / 64;
+        const KernelConfig c = detail::heuristic_config(s, walks, 132, detail::max_walk_segments(s, false));
         EXPECT_TRUE(c.pass_state_dstate_tile == 32 || c.pass_state_dstate_tile == 64);
+        EXPECT_GE(c.pass_state_segments, 1);
+        EXPECT_LE(c.pass_state_segments, detail::max_walk_segments(s, false));
+        EXPECT_EQ(detail::heuristic_config(s, walks, 132, 1).pass_state_segments, 1);  // varlen
         EXPECT_TRUE(c.pass_state_stages == 2 || c.pass_state_stages == 4);
         EXPECT_GE(c.compute_out_heads_per_cta, 1);
         EXPECT_LE(c.compute_out_heads_per_cta, std::min<int64_t>(h, p == 64 ? 4 : 2));
@@ -194,17 +198,27 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
     s.nchunks = (l + q - 1) / q;
     return s;
   };
-  // anchor (4 rows, 8 heads): 32-column tiles up to dstate 128, 64 from 256 on
-  EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 128), 4, 132), (KernelConfig{32, 2, 2}));
-  EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 256), 4, 132), (KernelConfig{64, 2, 2}));
-  EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 512), 4, 132), (KernelConfig{64, 2, 2}));
+  auto pick = [](const ProblemShape& s, int64_t walks) {
+    return detail::heuristic_config(s, walks, 132, detail::max_walk_segments(s, false));
+  };
+  // anchor (4 rows, 8 heads): 32-column tiles up to dstate 128, 64 from 256 on, no segments
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 1}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 1}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 1}));
   // dstate 64 with 128-token chunks: one head per compute_out CTA
-  EXPECT_EQ(detail::heuristic_config(shape(4, 65536, 8, 1, 64), 4, 132), (KernelConfig{32, 2, 1}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 1}));
   // a short sequence: one head per compute_out CTA (two would be under one wave)
-  EXPECT_EQ(detail::heuristic_config(shape(4, 1024, 8, 1, 512), 4, 132).compute_out_heads_per_cta, 1);
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).compute_out_heads_per_cta, 1);
   // the 2.7B layer and the 8-group layer
-  EXPECT_EQ(detail::heuristic_config(shape(4, 8192, 80, 1, 128, 256), 4, 132), (KernelConfig{64, 2, 2}));
-  EXPECT_EQ(detail::heuristic_config(shape(8, 4096, 64, 8, 64, 256), 8, 132), (KernelConfig{64, 2, 2}));
+  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1}));
+  EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64, 256), 8), (KernelConfig{64, 2, 2, 1}));
+  // few walks: 64-column tiles in segments (16 CTAs -> 16 segments; 20 -> 13; 2 rows of dstate
+  // 64 -> 16), at least 8 chunks each (16K tokens in 256-token chunks: 8 segments), at least 4
+  EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).pass_state_segments, 16);
+  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128, 256), 1), (KernelConfig{64, 2, 2, 13}));
+  EXPECT_EQ(pick(shape(2, 65536, 8, 1, 64), 2).pass_state_segments, 16);
+  EXPECT_EQ(pick(shape(1, 16384, 10, 1, 128, 256), 1).pass_state_segments, 8);
+  EXPECT_EQ(pick(shape(1, 2048, 8, 1, 128), 1).pass_state_segments, 1);  // 16 chunks: 2 would not pay
 }
 
 TEST(TuningValidate, ExplicitSettingsAreChecked) {
@@ -227,6 +241,8 @@ TEST(TuningValidate, ExplicitSettingsAreChecked) {
   expect_bad({48, 0, 0}, "kernel_config.pass_state_dstate_tile", "got 48");
   expect_bad({0, 3, 0}, "kernel_config.pass_state_stages", "got 3");
   expect_bad({0, 0, 3}, "kernel_config.compute_out_heads_per_cta", "got 3");
+  expect_bad({0, 0, 0, 17}, "kernel_config.pass_state_segments", "1 to 16, got 17");
+  expect_bad({0, 0, 0, -1}, "kernel_config.pass_state_segments", "got -1");
   expect_bad({0, 0, 8}, "kernel_config.compute_out_heads_per_cta", "1, 2 or 4 for headdim 64");
   c.headdim = 128;
   Problem prob128(c);
