@@ -229,15 +229,16 @@ const std::vector<Flag>& flag_table() {
       value_flag("--sweep", "LIST", kGroupTune,
                  "tune the benchmark's shape lists instead of the problem flags:\n"
                  "anchor (batch 4, 8 heads, dstate 64-512, 1K-256K tokens), models\n"
-                 "(Mamba-2 2.7B layers and an 8-group layer), or both: anchor,models",
+                 "(Mamba-2 2.7B layers and an 8-group layer), tp (the 2.7B layer's\n"
+                 "heads split over 8 or 4 GPUs), comma-separated: anchor,models,tp",
                  [](Options& o, const std::string& v) {
                    o.sweep.clear();
                    size_t start = 0;
                    while (start <= v.size()) {
                      const size_t end = v.find(',', start);
                      const std::string item = v.substr(start, end == std::string::npos ? std::string::npos : end - start);
-                     if (item != "anchor" && item != "models") {
-                       bad("--sweep", "expected anchor, models or anchor,models, got " + quoted(v));
+                     if (item != "anchor" && item != "models" && item != "tp") {
+                       bad("--sweep", "expected a comma-separated list of anchor, models, tp, got " + quoted(v));
                      }
                      o.sweep.push_back(item);
                      if (end == std::string::npos) break;

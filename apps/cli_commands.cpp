@@ -287,8 +287,12 @@ std::vector<Options> sweep_shapes(const Options& base, const std::string& name) 
     }
   } else {
     struct M { int64_t b, l, h, g, n; };
-    for (const M& m : {M{1, 2048, 80, 1, 128}, M{1, 8192, 80, 1, 128}, M{4, 8192, 80, 1, 128},
-                       M{1, 65536, 80, 1, 128}, M{8, 4096, 80, 1, 128}, M{8, 4096, 64, 8, 64}}) {
+    const std::vector<M> models = {M{1, 2048, 80, 1, 128}, M{1, 8192, 80, 1, 128}, M{4, 8192, 80, 1, 128},
+                                   M{1, 65536, 80, 1, 128}, M{8, 4096, 80, 1, 128}, M{8, 4096, 64, 8, 64}};
+    // tp: the 2.7B layer's heads split over 8 or 4 GPUs, one sequence.
+    const std::vector<M> tp = {M{1, 16384, 10, 1, 128}, M{1, 65536, 10, 1, 128}, M{1, 16384, 20, 1, 128},
+                               M{1, 65536, 20, 1, 128}};
+    for (const M& m : name == "tp" ? tp : models) {
       Options o = base;
       o.batch = m.b; o.seqlen = m.l; o.heads = m.h; o.groups = m.g; o.headdim = 64; o.dstate = m.n; o.chunk = 256;
       o.d_mode = DMode::kPerHead; o.z = false; o.dt_bias = true; o.softplus = true;

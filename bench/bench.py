@@ -113,7 +113,11 @@ def build_sweep(name, quick=False):
         # 8 groups, dstate 64: 64 heads of headdim 64 (d_inner 4096), chunk 256.
         cs.append(model_case(8, 4 * K, h=64, g=8, p=64, n=64, q=256, tag="8-group n64"))
         return cs
-    raise ValueError(f"unknown sweep {name!r} (anchor, models)")
+    if name == "tp":
+        # The 2.7B layer split over 8 or 4 GPUs by heads (tensor parallel), one long sequence:
+        # few walks (batch x heads), where fwd_pass_state's chain is the cost.
+        return [model_case(1, l, h=h, tag=f"2.7B/{80 // h}", sweep="tp") for h in (10, 20) for l in (16 * K, 64 * K)]
+    raise ValueError(f"unknown sweep {name!r} (anchor, models, tp)")
 
 
 def parse_shape(s: str):
@@ -839,9 +843,10 @@ def parse_args(argv=None):
                                         "D, initial + final states, dstate 64..512 x seqlen 1K..256K; models = "
                                         "Mamba-2 2.7B layers (80 heads, headdim 64, dstate 128, chunk 256, dt_bias + "
                                         "softplus, D) at 1x2K 1x8K 4x8K 1x64K 8x4K, and an 8-group dstate-64 layer "
-                                        "(64 heads) at 8x4K.")
+                                        "(64 heads) at 8x4K; tp = the 2.7B layer's 10 or 20 heads (split over 8 or 4 "
+                                        "GPUs) at 1x16K and 1x64K.")
     ap.add_argument("--sweep", action="append", default=[],
-                    help="anchor, models or all (repeatable or comma-separated)")
+                    help="anchor, models, tp or all (repeatable or comma-separated)")
     ap.add_argument("--shape", action="append", default=[], type=parse_shape,
                     help="one shape b,l,h,g,p,n,q (repeatable; 16K style sizes allowed)")
     ap.add_argument("--shape-preset", choices=("anchor", "model"), default="anchor",
@@ -895,11 +900,11 @@ def parse_args(argv=None):
             if not part:
                 continue
             if part == "all":
-                sweeps += ["anchor", "models"]
-            elif part in ("anchor", "models"):
+                sweeps += ["anchor", "models", "tp"]
+            elif part in ("anchor", "models", "tp"):
                 sweeps.append(part)
             else:
-                ap.error(f"unknown sweep {part!r}: anchor, models or all")
+                ap.error(f"unknown sweep {part!r}: anchor, models, tp or all")
     a.sweeps = list(dict.fromkeys(sweeps))
     if not a.sweeps and not a.shape and not a.breakdown:
         ap.error("nothing to do: give --sweep, --shape or --breakdown")

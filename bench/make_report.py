@@ -128,6 +128,10 @@ SWEEP_TEXT = {
                "`dt_softplus=True`, `D` per head, `z=None` as with the gated RMSNorm, no initial or final "
                "states: the training-path call of `mamba_ssm.modules.mamba2.Mamba2`), batch x seqlen; plus an "
                "8-group layer (64 heads, headdim 64, dstate 64, chunk 256) at 8 x 4K."),
+    "tp": ("Tensor-parallel slices",
+           "The 2.7B layer's call (options as above) with its 80 heads split over 8 or 4 GPUs (10 or 20 heads "
+           "per GPU), one sequence of 16K or 64K tokens: few (row, head) walks, so fwd_pass_state's chunk chain "
+           "is the cost and walk segments apply."),
     "shape": ("Other shapes", "Shapes given with `--shape`."),
 }
 
@@ -202,7 +206,7 @@ def render(docs, sources, plot_rel=None):
     for line in rio.summary_lines(summary):
         lines.append(f"- {line}")
     lines.append("")
-    order = [s for s in ("anchor", "models", "shape") if any(r.get("sweep") == s for r in results)]
+    order = [s for s in ("anchor", "models", "tp", "shape") if any(r.get("sweep") == s for r in results)]
     order += [s for s in dict.fromkeys(r.get("sweep") for r in results) if s not in order]
     for sw in order:
         title, text = SWEEP_TEXT.get(sw, (sw, ""))
