@@ -643,36 +643,61 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   epilogue_heads<T, P, HB>(p, acc, s_cbm, s_d, s_stages, stages, use, ci, m, h0, nh);
 }
 
+// The shared memory and registers of one SM.
+struct SmBudget {
+  int smem = 0, regs = 0;
+};
+
 // Ring depth: the deepest of 4, 3, 2 stages that still fits the most CTAs on an SM (by shared
-// memory and by the launch bounds' register budget), so that large dstates (C_m resident:
-// 64 KB at dstate 512) do not drop to one CTA per SM.
+// memory and registers; cta_regs: one CTA's), so that large dstates (C_m resident: 64 KB at
+// dstate 512) do not drop to one CTA per SM. With a fwd_pass_state CTA beside it on the SMs, the
+// deepest ring that fits the most CTAs next to it (anchor dstate 256: 2 stages fit three CTAs
+// alone but two beside the walk, where 3 stages also fit two and ran 7% faster).
 template <class T, int P, int HB>
-int pick_stages(int nk, int q, int max_smem_per_sm) {
-  constexpr int kRegCtas = (P == 64 && HB <= 2) ? 3 : 2;
-  int best = kMaxStages, best_ctas = 0;
-  for (int st = kMaxStages; st >= kMinStages; --st) {
-    const int ctas = std::min(kRegCtas, max_smem_per_sm / (smem_bytes<T, P, HB>(nk, q, st) + 1024));
-    if (ctas > best_ctas) { best = st; best_ctas = ctas; }
-  }
-  return best;
+int pick_stages(int nk, int q, const SmBudget& sm, int cta_regs, const CtaFootprint& beside) {
+  auto deepest = [&](int from, int smem, int regs, int* ctas_out) {
+    int best = from, best_ctas = 0;
+    for (int st = from; st >= kMinStages; --st) {
+      const int ctas = std::min(regs / cta_regs, smem / (smem_bytes<T, P, HB>(nk, q, st) + 1024));
+      if (ctas > best_ctas) { best = st; best_ctas = ctas; }
+    }
+    *ctas_out = best_ctas;
+    return best;
+  };
+  int ctas = 0;
+  const int alone = deepest(kMaxStages, sm.smem, sm.regs, &ctas);
+  if (beside.smem == 0) return alone;
+  // No deeper than alone, except that 2 stages only paid where they let a third CTA fit, which
+  // the walk beside it takes away (3 stages: anchor dstate 256 1.25 -> 1.16 ms at 64K).
+  const int next_to = deepest(std::max(alone, 3), sm.smem - beside.smem, sm.regs - beside.regs, &ctas);
+  return ctas > 0 ? next_to : alone;
 }
 
 template <class T, int P, int HB>
-void launch_typed(const SsdParams& p, int stages, const TileMaps& maps, cudaStream_t stream) {
+void launch_typed(const SsdParams& p, int stages, const CtaFootprint& beside, const TileMaps& maps,
+                  cudaStream_t stream) {
   const int nk = (p.dstate + kN - 1) / kN;
+  auto kernel = compute_out_kernel<T, P, HB>;
   if (stages == 0) {
-    static int smem_per_sm = 0;  // the device's shared memory per SM (the same on every Hopper)
-    if (smem_per_sm == 0) {
+    static SmBudget sm;       // the device's (the same on every Hopper)
+    static int cta_regs = 0;  // per instantiation
+    if (sm.smem == 0) {
       int dev = 0;
       check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-      check_cuda(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+      check_cuda(cudaDeviceGetAttribute(&sm.smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
                  "cudaDeviceGetAttribute(shared memory per SM)");
+      check_cuda(cudaDeviceGetAttribute(&sm.regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev),
+                 "cudaDeviceGetAttribute(registers per SM)");
     }
-    stages = pick_stages<T, P, HB>(nk, p.chunk, smem_per_sm);
+    if (cta_regs == 0) {
+      cudaFuncAttributes a{};
+      check_cuda(cudaFuncGetAttributes(&a, kernel), "cudaFuncGetAttributes(compute_out)");
+      cta_regs = (a.numRegs + 7) / 8 * 8 * kThreads;
+    }
+    stages = pick_stages<T, P, HB>(nk, p.chunk, sm, cta_regs, beside);
   }
   stages = std::max(kMinStages, std::min(kMaxStages, stages));
   const int smem = smem_bytes<T, P, HB>(nk, p.chunk, stages);
-  auto kernel = compute_out_kernel<T, P, HB>;
   static int attr_bytes = 0;  // per instantiation: raise the dynamic shared-memory limit when needed
   if (smem > attr_bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -709,12 +734,13 @@ void launch_typed(const SsdParams& p, int stages, const TileMaps& maps, cudaStre
 }
 
 template <class T, int P>
-void launch_heads(const SsdParams& p, int hb, int stages, const TileMaps& maps, cudaStream_t stream) {
+void launch_heads(const SsdParams& p, int hb, const ComputeOutConfig& cfg, const TileMaps& maps,
+                  cudaStream_t stream) {
   if constexpr (P == 64) {
-    if (hb >= 4) return launch_typed<T, P, 4>(p, stages, maps, stream);
+    if (hb >= 4) return launch_typed<T, P, 4>(p, cfg.stages, cfg.beside, maps, stream);
   }
-  if (hb >= 2) return launch_typed<T, P, 2>(p, stages, maps, stream);
-  launch_typed<T, P, 1>(p, stages, maps, stream);
+  if (hb >= 2) return launch_typed<T, P, 2>(p, cfg.stages, cfg.beside, maps, stream);
+  launch_typed<T, P, 1>(p, cfg.stages, cfg.beside, maps, stream);
 }
 
 // The TMA maps of one call (host only; the kernel receives them by value as a grid constant).
@@ -754,15 +780,14 @@ int compute_out_max_heads_per_cta(int headdim) { return headdim <= 64 ? 4 : 2; }
 
 void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStream_t stream) {
   const int hb = std::max(1, std::min(cfg.heads_per_cta, p.heads_per_group));
-  const int st = cfg.stages;
   if (p.batch * p.nchunks == 0 || p.nheads == 0) return;
   const TileMaps maps = make_tile_maps(p);
   if (p.headdim == 64) {
-    if (p.fp16) launch_heads<cutlass::half_t, 64>(p, hb, st, maps, stream);
-    else launch_heads<cutlass::bfloat16_t, 64>(p, hb, st, maps, stream);
+    if (p.fp16) launch_heads<cutlass::half_t, 64>(p, hb, cfg, maps, stream);
+    else launch_heads<cutlass::bfloat16_t, 64>(p, hb, cfg, maps, stream);
   } else {
-    if (p.fp16) launch_heads<cutlass::half_t, 128>(p, hb, st, maps, stream);
-    else launch_heads<cutlass::bfloat16_t, 128>(p, hb, st, maps, stream);
+    if (p.fp16) launch_heads<cutlass::half_t, 128>(p, hb, cfg, maps, stream);
+    else launch_heads<cutlass::bfloat16_t, 128>(p, hb, cfg, maps, stream);
   }
 }
 

@@ -87,13 +87,16 @@ struct PassTiles {
 // drain; every 8 instead of 4 made long calls 2-4% faster on the H200).
 __device__ __forceinline__ int publish_mask(int64_t nchunks) { return nchunks >= 32 ? 7 : 3; }
 
-// sums_only: the segment-sum launch (SsdParams::nseg): CTA (walk, segment k < nseg - 1) walks
+// kSumsOnly: the segment-sum launch (SsdParams::nseg): CTA (walk, segment k < nseg - 1) walks
 // its segment from a zero state (segment 0: from the initial state) without storing chunk
 // states, then writes the sum and the product of the segment's carries. Otherwise the walking
 // launch: segment k starts from the state entering it, combined from the earlier segments' sums.
-template <class T, int NT, int KS, int kStages>
+// (A template parameter: the walk's chain loop carries none of the sums' code; with it as a
+// run-time flag the walk was 4% slower on the H200.)
+template <class T, int NT, int KS, int kStages, bool kSumsOnly>
 __global__ void __launch_bounds__(st::kThreads)
-    fwd_pass_state_kernel(const SsdParams p, const __grid_constant__ PassMaps maps, bool sums_only) {
+    fwd_pass_state_kernel(const SsdParams p, const __grid_constant__ PassMaps maps) {
+  constexpr bool sums_only = kSumsOnly;
   using Tl = PassTiles<T, NT, KS>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by an offset from smem_raw, so that the compiler still sees shared
@@ -118,7 +121,9 @@ __global__ void __launch_bounds__(st::kThreads)
   int32_t* ready = p.ready != nullptr && !sums_only
                        ? p.ready + ((walk.walk * p.nheads + h) * p.nseg + seg) * p.ready_tiles + blockIdx.x
                        : nullptr;
-  const int pmask = publish_mask(c_end - c_begin);
+  // Chunks are counted from c_begin in 32 bits (a walk has fewer than 2^31 chunks).
+  const int n_local = static_cast<int>(c_end - c_begin);
+  const int pmask = publish_mask(n_local);
   // Segment sums and carry products: [walk][head][segment][tile] blocks, fragment order.
   constexpr int kAccVals = st::kP * NT / st::kThreads;
   const int64_t sum_base = (walk.walk * p.nheads + h) * (p.nseg - 1);
@@ -172,11 +177,11 @@ __global__ void __launch_bounds__(st::kThreads)
   const int row32 = static_cast<int>(walk.row);
 
   // Producer cursor over (chunk, step of KS tokens); thread 0 issues the loads.
-  int64_t ld_c = c_begin;
+  int ld_c = 0;  // from c_begin
   int ld_k = 0;
   auto issue_next = [&](int stage_idx) {
-    if (ld_c < c_end) {
-      const ChunkInfo ci = walk_chunk(p, walk, ld_c);
+    if (ld_c < n_local) {
+      const ChunkInfo ci = walk_chunk(p, walk, c_begin + ld_c);
       const int t0 = ld_k * KS;
       if (tid == 0) {
         char* stage = smem + stage_idx * Tl::kStageBytes;
@@ -185,7 +190,7 @@ __global__ void __launch_bounds__(st::kThreads)
         tma::mbar_arrive_expect(bar, Tl::kLoadBytes);
         tma::load_4d(&maps.x, bar, stage, p32, tok, h32, row32);
         tma::load_4d(&maps.B, bar, stage + Tl::kXBytes, n32, tok, g32, row32);
-        tma::load_bulk(stage + Tl::kWOffset, w_walk + ld_c * p.chunk + t0, KS * 4, bar);
+        tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
       }
       if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
     }
@@ -202,22 +207,21 @@ __global__ void __launch_bounds__(st::kThreads)
   // block of 32 and of the next block (loaded a block ahead; a value loaded a single chunk ahead
   // was moved into a uniform register right after its load, which waited for it on the chain).
   const int lane = tid % 32;
-  const int64_t seg_len = c_end - c_begin;
   const float* carry_seg = carry_walk + c_begin;
-  float carry_block = lane < seg_len ? carry_seg[lane] : 0.0f;
-  float carry_block_next = 32 + lane < seg_len ? carry_seg[32 + lane] : 0.0f;
-  float carry_product = 1.0f;  // of the segment's chunks (sums_only)
-  for (int64_t c = c_begin; c < c_end; ++c) {
+  float carry_block = lane < n_local ? carry_seg[lane] : 0.0f;
+  float carry_block_next = 32 + lane < n_local ? carry_seg[32 + lane] : 0.0f;
+  [[maybe_unused]] float carry_product = 1.0f;  // of the segment's chunks (sums_only)
+  for (int c_rel = 0; c_rel < n_local; ++c_rel) {
+    const int64_t c = c_begin + c_rel;
     const ChunkInfo ci = walk_chunk(p, walk, c);
     const int nsteps = (ci.count + KS - 1) / KS;
-    const int64_t c_rel = c - c_begin;
-    const int c_in_block = static_cast<int>(c_rel % 32);
+    const int c_in_block = c_rel % 32;
     if (c_in_block == 0 && c_rel > 0) {
       carry_block = carry_block_next;
-      carry_block_next = c_rel + 32 + lane < seg_len ? carry_seg[c_rel + 32 + lane] : 0.0f;
+      carry_block_next = c_rel + 32 + lane < n_local ? carry_seg[c_rel + 32 + lane] : 0.0f;
     }
     const float carry = __shfl_sync(0xffffffffu, carry_block, c_in_block);
-    carry_product *= carry;
+    if constexpr (sums_only) carry_product *= carry;
     for (int k = 0; k < nsteps; ++k) {
       tma::mbar_wait(bars + stage, (parity >> stage) & 1u);
       parity ^= 1u << stage;
@@ -260,13 +264,13 @@ __global__ void __launch_bounds__(st::kThreads)
       stage = (stage + 1) % kStages;
     }
     // The state after chunk c.
-    if (!sums_only) {
+    if constexpr (!sums_only) {
       const int64_t g = walk.g0 + c;
       char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + g * p.st_sc + h * p.st_sh) * esz;
       st::store_tile(acc, dst, sd, p.st_sp, p0, n0, p);
     }
   }
-  if (sums_only) {
+  if constexpr (sums_only) {
     float* dst = sum_ptr(seg);
 #pragma unroll
     for (int v = 0; v < kAccVals; ++v) dst[v * st::kThreads] = acc(v);
@@ -283,17 +287,40 @@ __global__ void __launch_bounds__(st::kThreads)
 }
 
 template <class T, int NT, int KS, int kStages>
-void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
-  static_assert(st::kP * NT % st::kThreads == 0, "accumulator fragment size");
-  using Tl = PassTiles<T, NT, KS>;
-  const int smem = kStages * Tl::kStageBytes + 1024 + 8 * kStages;
-  auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages>;
-  static bool attr_set = false;  // per instantiation; cudaFuncSetAttribute is not a stream op
+constexpr int pass_smem_bytes() {
+  return kStages * PassTiles<T, NT, KS>::kStageBytes + 1024 + 8 * kStages;
+}
+
+template <class T, int NT, int KS, int kStages>
+CtaFootprint footprint_typed() {
+  static int regs = 0;  // per instantiation
+  if (regs == 0) {
+    cudaFuncAttributes a{};
+    check_cuda(cudaFuncGetAttributes(&a, fwd_pass_state_kernel<T, NT, KS, kStages, false>),
+               "cudaFuncGetAttributes(fwd_pass_state)");
+    regs = (a.numRegs + 7) / 8 * 8 * st::kThreads;
+  }
+  return {pass_smem_bytes<T, NT, KS, kStages>() + 1024, regs};
+}
+
+// One kernel instantiation with its dynamic shared memory limit raised (once per instantiation;
+// cudaFuncSetAttribute is not a stream operation).
+template <class T, int NT, int KS, int kStages, bool kSumsOnly>
+auto prepared_kernel() {
+  auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly>;
+  static bool attr_set = false;
   if (!attr_set) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    pass_smem_bytes<T, NT, KS, kStages>()),
                "cudaFuncSetAttribute(fwd_pass_state)");
     attr_set = true;
   }
+  return kernel;
+}
+
+template <class T, int NT, int KS, int kStages>
+void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
+  static_assert(st::kP * NT % st::kThreads == 0, "accumulator fragment size");
   const int p_tiles = (p.headdim + st::kP - 1) / st::kP;
   const int n_tiles = (p.dstate + NT - 1) / NT;
   if (p.ready != nullptr && p.ready_tiles != p_tiles * n_tiles) {
@@ -314,32 +341,58 @@ void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
     maps.B = make_tile_map_16bit(p.B, 4, dims, strides, box, "fwd_pass_state B", NT == 32 ? 64 : 128);
   }
   if (p.nseg > 1) {
-    // Segment sums first (every segment but the last), then the walks.
+    // Segment sums first (every segment but the last; always the shallow ring, which keeps the
+    // instantiations few), then the walks.
+    constexpr int kSumStages = KS == 64 ? 3 : 2;
+    auto sums = prepared_kernel<T, NT, KS, kSumStages, true>();
     dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1)));
-    kernel<<<grid_sums, st::kThreads, smem, stream>>>(p, maps, true);
+    sums<<<grid_sums, st::kThreads, pass_smem_bytes<T, NT, KS, kSumStages>(), stream>>>(p, maps);
     check_cuda(cudaGetLastError(), "launch fwd_pass_state (segment sums)");
   }
+  auto walk = prepared_kernel<T, NT, KS, kStages, false>();
   dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * p.nseg));
-  kernel<<<grid, st::kThreads, smem, stream>>>(p, maps, false);
+  walk<<<grid, st::kThreads, pass_smem_bytes<T, NT, KS, kStages>(), stream>>>(p, maps);
   check_cuda(cudaGetLastError(), "launch fwd_pass_state");
 }
 
-template <class T, int NT>
-void launch_steps(const SsdParams& p, int64_t walks, int stages, cudaStream_t stream) {
-  // Whole chunks per step where they fit (fewer barrier rounds per token); 64 for Q = 64.
-  // Deep ring: about 64-100 KB of loads in flight per CTA, for one CTA per SM (few walks x
-  // heads). Shallow ring: two stages, so that two or three CTAs share an SM when there are many.
-  const bool deep = stages > 2;
-  if (p.chunk == 64) {
-    if (deep) launch_typed<T, NT, 64, 6>(p, walks, stream);
-    else launch_typed<T, NT, 64, 3>(p, walks, stream);
-  } else {
-    if (deep) launch_typed<T, NT, 128, 4>(p, walks, stream);
-    else launch_typed<T, NT, 128, 2>(p, walks, stream);
+// Calls f.template run<T, NT, KS, kStages>() for the instantiation of a setting.
+// Whole chunks per step where they fit (fewer barrier rounds per token); 64 for Q = 64.
+// Deep ring: about 64-100 KB of loads in flight per CTA, for one CTA per SM (few walks x
+// heads). Shallow ring: two stages, so that two or three CTAs share an SM when there are many.
+template <class F>
+auto with_instantiation(const SsdParams& p, const PassStateConfig& cfg, F&& f) {
+  const bool deep = cfg.stages > 2;
+  auto steps = [&](auto t, auto nt) {
+    using T = decltype(t);
+    constexpr int NT = decltype(nt)::value;
+    if (p.chunk == 64) {
+      return deep ? f.template run<T, NT, 64, 6>() : f.template run<T, NT, 64, 3>();
+    }
+    return deep ? f.template run<T, NT, 128, 4>() : f.template run<T, NT, 128, 2>();
+  };
+  if (cfg.dstate_tile == 32) {
+    return p.fp16 ? steps(cutlass::half_t{}, Int<32>{}) : steps(cutlass::bfloat16_t{}, Int<32>{});
   }
+  return p.fp16 ? steps(cutlass::half_t{}, Int<64>{}) : steps(cutlass::bfloat16_t{}, Int<64>{});
 }
 
+struct LaunchOp {
+  const SsdParams& p;
+  int64_t walks;
+  cudaStream_t stream;
+  template <class T, int NT, int KS, int kStages>
+  void run() const { launch_typed<T, NT, KS, kStages>(p, walks, stream); }
+};
+struct FootprintOp {
+  template <class T, int NT, int KS, int kStages>
+  CtaFootprint run() const { return footprint_typed<T, NT, KS, kStages>(); }
+};
+
 }  // namespace
+
+CtaFootprint fwd_pass_state_footprint(const SsdParams& p, const PassStateConfig& cfg) {
+  return with_instantiation(p, cfg, FootprintOp{});
+}
 
 int fwd_pass_state_tiles(int64_t headdim, int64_t dstate, int dstate_tile) {
   const int64_t nt = dstate_tile == 32 ? 32 : 64;
@@ -358,14 +411,7 @@ void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaS
     throw_launch_error("fwd_pass_state: at most 65535 walks x segments per launch, got " +
                        std::to_string(walks * p.nseg));
   }
-  const bool fp16 = p.fp16;
-  if (cfg.dstate_tile == 32) {
-    if (fp16) launch_steps<cutlass::half_t, 32>(p, walks, cfg.stages, stream);
-    else launch_steps<cutlass::bfloat16_t, 32>(p, walks, cfg.stages, stream);
-  } else {
-    if (fp16) launch_steps<cutlass::half_t, 64>(p, walks, cfg.stages, stream);
-    else launch_steps<cutlass::bfloat16_t, 64>(p, walks, cfg.stages, stream);
-  }
+  with_instantiation(p, cfg, LaunchOp{p, walks, stream});
 }
 
 }  // namespace mamba2_ssd::kernels

@@ -23,12 +23,22 @@ struct PassStateConfig {
   int segments = 1;  // walk segments wanted (SsdParams::nseg; the dispatcher fits it to the shape)
 };
 
+// What one CTA occupies on an SM: shared memory (with the 1 KB the runtime reserves per CTA) and
+// registers (allocated per warp in steps of 8 per thread).
+struct CtaFootprint {
+  int smem = 0;
+  int regs = 0;
+};
+
 // compute_out: heads of one group served by one CTA (C B^T is computed once for them; each head
 // keeps its output accumulator in registers, so the count is 1, 2 or 4 for headdim 64 and 1 or 2
 // for headdim 128).
 struct ComputeOutConfig {
   int heads_per_cta = 2;
   int stages = 0;  // depth of the load ring, 2-4; 0: the deepest that keeps the most CTAs per SM
+  // A fwd_pass_state CTA that shares the SMs while compute_out runs (its grid covers half of them
+  // or more), or zero: the automatic ring depth then keeps the most compute_out CTAs next to it.
+  CtaFootprint beside;
 };
 // The largest heads_per_cta compiled for a headdim.
 int compute_out_max_heads_per_cta(int headdim);
@@ -39,6 +49,8 @@ void launch_chunk_offsets(const SsdParams& p, cudaStream_t stream);
 void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream);
 // fwd_pass_state's CTAs per (walk, head) with a dstate tile of 32 or 64 (SsdParams::ready_tiles).
 int fwd_pass_state_tiles(int64_t headdim, int64_t dstate, int dstate_tile);
+// What one fwd_pass_state CTA of this setting occupies on an SM.
+CtaFootprint fwd_pass_state_footprint(const SsdParams& p, const PassStateConfig& cfg);
 // The state after every chunk (p.states) and after every walk (p.final_states); with p.ready,
 // its progress per chunk for compute_out.
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream);
