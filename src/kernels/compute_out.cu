@@ -667,8 +667,9 @@ int pick_stages(int nk, int q, const SmBudget& sm, int cta_regs, const CtaFootpr
   int ctas = 0;
   const int alone = deepest(kMaxStages, sm.smem, sm.regs, &ctas);
   if (beside.smem == 0) return alone;
-  // No deeper than alone, except that 2 stages only paid where they let a third CTA fit, which
-  // the walk beside it takes away (3 stages: anchor dstate 256 1.25 -> 1.16 ms at 64K).
+  // Beside the walk: no deeper than alone, but from 3 stages down even where alone took 2 (2
+  // stages only paid where they let a third CTA fit, and the walk beside it may take that room:
+  // anchor dstate 256 at 64K, 1.25 -> 1.16 ms with 3); 2 only if it still fits more CTAs.
   const int next_to = deepest(std::max(alone, 3), sm.smem - beside.smem, sm.regs - beside.regs, &ctas);
   return ctas > 0 ? next_to : alone;
 }
