@@ -33,8 +33,8 @@ struct KernelConfig {
   int pass_state_dstate_tile = 0;     // fwd_pass_state: dstate columns per CTA, 32 or 64
   int pass_state_stages = 0;          // fwd_pass_state: load-ring depth, 2 or 4
   int compute_out_heads_per_cta = 0;  // compute_out: 1, 2 or 4 (headdim 64), 1 or 2 (headdim 128)
-  // fwd_pass_state: segments each walk is split into, 1-16 (batched layout; at least 4 chunks
-  // per segment, so a larger count is reduced to what the shape allows; the varlen layout uses 1).
+  // fwd_pass_state: segments each walk (row or varlen sequence) is split into, 1-16; at most a
+  // quarter of the mean chunks per walk, so a larger count is reduced to what the shape allows.
   int pass_state_segments = 0;
 
   bool operator==(const KernelConfig& o) const {

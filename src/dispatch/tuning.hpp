@@ -27,7 +27,7 @@ namespace mamba2_ssd::detail {
 // 4 to 16 segments of at least 8 chunks (1 row x 8 heads, dstate 128, 64K tokens: 603 -> 256 us; 1 row
 // x 10 heads of the 2.7B layer, 64K: 546 -> 329 us). With more walks the call is bound by the
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
-// max_segments: max_walk_segments() of the call (1 in the varlen layout).
+// max_segments: max_walk_segments() of the call.
 inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments) {
   KernelConfig c;
   const int64_t p_tiles = (s.headdim + 63) / 64;
@@ -55,12 +55,13 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   return c;
 }
 
-// fwd_pass_state's walk segments: at most 16 and at least 4 chunks each (the segment sums take
-// workspace per segment; shorter segments would cost more in sums than they save in chain).
-// The varlen layout walks each sequence in one piece.
+// fwd_pass_state's walk segments: at most 16, and a quarter of the walks' mean chunk count (the
+// sums take fp32 states per walk and segment: at most half of what the 16-bit chunk states
+// take; shorter segments would also cost more in sums than they save in chain). In the varlen
+// layout s.nchunks bounds the chunks of all s.nseq sequences together.
 inline int max_walk_segments(const ProblemShape& s, bool varlen) {
-  if (varlen) return 1;
-  return static_cast<int>(std::clamp<int64_t>(s.nchunks / 4, 1, 16));
+  const int64_t mean_chunks = varlen ? s.nchunks / std::max<int64_t>(s.nseq, 1) : s.nchunks;
+  return static_cast<int>(std::clamp<int64_t>(mean_chunks / 4, 1, 16));
 }
 
 // MAMBA2_SSD_AUTOTUNE=1: forward() tunes a shape class it has no cache entry for (1 s budget).

@@ -58,14 +58,14 @@ struct SsdParams {
   // before it reads a chunk state. ready_tiles: fwd_pass_state's CTAs per (walk, head).
   // nullptr: no overlap, compute_out is launched after fwd_pass_state.
   int32_t* ready; int32_t ready_tiles;
-  // Walk segments (batched layout): fwd_pass_state splits each walk into nseg runs of seg_chunks
-  // chunks, walked by separate CTAs. A first launch sums each segment but the last from a zero
+  // Walk segments: fwd_pass_state splits each walk into nseg runs of seg_chunks chunks, walked by
+  // separate CTAs (varlen: the same length for every sequence, a short one's later runs empty). A first launch sums each segment but the last from a zero
   // state (segment 0 from the initial state) into seg_sums ([walk][head][segment][tile][64 x NT]
   // in accumulator-fragment order) with the product of its carries in seg_carry
   // ([walk][head][segment]); the walking launch starts segment k from
   // T_k = seg_carry[k-1] T_{k-1} + seg_sums[k-1]. ready is then [walk][head][segment][tile], a
   // counter holding the absolute chunk count its CTA has stored up to. nseg = 1: no segments
-  // (seg_chunks >= every walk's chunk count).
+  // (seg_chunks >= every walk's chunk count; nchunks, the varlen layout's bound on all chunks, is).
   int32_t nseg, seg_chunks;
   float* seg_sums; float* seg_carry;
 

@@ -114,8 +114,10 @@ __global__ void __launch_bounds__(st::kThreads)
   const int seg = static_cast<int>(blockIdx.z % nseg_grid);
   const Walk walk = make_walk(p, blockIdx.z / nseg_grid);
   const int64_t grp = h / p.heads_per_group;
-  // This CTA's chunks: [c_begin, c_end) of the walk.
+  // This CTA's chunks: [c_begin, c_end) of the walk. In the varlen layout the segment length is
+  // the same for every sequence, so a short sequence leaves its later segments empty.
   const int64_t c_begin = static_cast<int64_t>(seg) * p.seg_chunks;
+  if (seg > 0 && c_begin >= walk.nchunks) return;
   const int64_t c_end = p.nseg > 1 ? min(c_begin + p.seg_chunks, walk.nchunks) : walk.nchunks;
   // This CTA's progress counter: the walk's chunk count up to which it has stored the states.
   int32_t* ready = p.ready != nullptr && !sums_only
@@ -402,7 +404,7 @@ int fwd_pass_state_tiles(int64_t headdim, int64_t dstate, int dstate_tile) {
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream) {
   const int64_t walks = p.varlen ? p.nseq : p.batch;
   if (walks == 0) return;
-  if (p.nseg < 1 || (p.nseg > 1 && (p.varlen || p.seg_chunks < 1 || p.seg_sums == nullptr || p.seg_carry == nullptr ||
+  if (p.nseg < 1 || (p.nseg > 1 && (p.seg_chunks < 1 || p.seg_sums == nullptr || p.seg_carry == nullptr ||
                                     static_cast<int64_t>(p.nseg - 1) * p.seg_chunks >= p.nchunks))) {
     throw_launch_error("fwd_pass_state: inconsistent walk segments (nseg " + std::to_string(p.nseg) + ", seg_chunks " +
                        std::to_string(p.seg_chunks) + ", nchunks " + std::to_string(p.nchunks) + ")");

@@ -291,8 +291,9 @@ TEST(Gpu, EveryKernelSetting) {
 
 // fwd_pass_state's walk segments (segment sums, then walks that start from the combined sums):
 // uneven last segments, sequence starts (seq_idx) on and across segment edges, initial, final and
-// chunk states, both dstate tiles and rings, chunk sizes 64-256, fp16, the varlen layout (which
-// walks in one piece) and a request for more segments than the shape allows (reduced).
+// chunk states, both dstate tiles and rings, chunk sizes 64-256, fp16, the varlen layout (one
+// segment length for all sequences: a short one has empty later segments, an empty one only
+// its initial state) and requests for more segments than the shape allows (reduced).
 TEST(Gpu, WalkSegments) {
   SKIP_WITHOUT_GPU();
   int seed = 1200;
@@ -320,13 +321,20 @@ TEST(Gpu, WalkSegments) {
       check_problem(c, "segments" + std::to_string(k.segments));
     }
   }
-  ProblemConfig v = base_config();
-  v.layout = Layout::kVarlen;
-  v.seqlens = {70, 0, 1, 2000, 513, 40};
-  v.want_chunk_states = true;
-  v.kernel_config = {64, 2, 0, 8};
-  v.seed = ++seed;
-  check_problem(v, "segments-varlen");
+  // 60 chunks at most for 3 sequences: 5 segments of 12 chunks (47 chunks: 4 segments; 11: 1).
+  const std::vector<std::vector<int64_t>> varlen_cases = {{3000, 0, 700}, {70, 0, 1, 2000, 513, 40}};
+  for (const auto& lens : varlen_cases) {
+    for (int nt : {32, 64}) {
+      ProblemConfig v = base_config();
+      v.layout = Layout::kVarlen;
+      v.chunk_size = 64;
+      v.seqlens = lens;
+      v.want_chunk_states = true;
+      v.kernel_config = {nt, 2, 0, 8};
+      v.seed = ++seed;
+      check_problem(v, "segments-varlen");
+    }
+  }
 }
 
 // compute_out's load ring at each depth (chosen by shared memory per SM unless

@@ -182,12 +182,30 @@ TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
         EXPECT_TRUE(c.pass_state_dstate_tile == 32 || c.pass_state_dstate_tile == 64);
         EXPECT_GE(c.pass_state_segments, 1);
         EXPECT_LE(c.pass_state_segments, detail::max_walk_segments(s, false));
-        EXPECT_EQ(detail::heuristic_config(s, walks, 132, 1).pass_state_segments, 1);  // varlen
+        EXPECT_EQ(detail::heuristic_config(s, walks, 132, 1).pass_state_segments, 1);  // 1 allowed
         EXPECT_TRUE(c.pass_state_stages == 2 || c.pass_state_stages == 4);
         EXPECT_GE(c.compute_out_heads_per_cta, 1);
         EXPECT_LE(c.compute_out_heads_per_cta, std::min<int64_t>(h, p == 64 ? 4 : 2));
         EXPECT_EQ(c.compute_out_heads_per_cta & (c.compute_out_heads_per_cta - 1), 0);
       }
+}
+
+// Walk segments allowed: a quarter of the mean chunks per walk, 1 to 16 (varlen: nchunks bounds
+// all sequences' chunks together).
+TEST(TuningHeuristic, WalkSegmentsAllowed) {
+  ProblemShape s;
+  s.nchunks = 512;
+  EXPECT_EQ(detail::max_walk_segments(s, false), 16);
+  s.nchunks = 16;
+  EXPECT_EQ(detail::max_walk_segments(s, false), 4);
+  s.nchunks = 7;
+  EXPECT_EQ(detail::max_walk_segments(s, false), 1);
+  s.nchunks = 60;
+  s.nseq = 3;
+  EXPECT_EQ(detail::max_walk_segments(s, true), 5);
+  s.nchunks = 26;
+  s.nseq = 6;
+  EXPECT_EQ(detail::max_walk_segments(s, true), 1);
 }
 
 // The heuristic reproduces the tuner's H200 picks on the benchmark's shapes (tuning.hpp).
