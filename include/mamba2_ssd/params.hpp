@@ -110,6 +110,7 @@ struct ProblemShape {
   int64_t headdim = 0;    // p
   int64_t ngroups = 0;    // g
   int64_t dstate = 0;     // n
+  int64_t chunk_size = 0; // Q
   int64_t nchunks = 0;    // c per row (batched) | upper bound on chunks (varlen)
   int64_t nseq = 0;       // S (cu_seqlens given), else 0
   DType compute_dtype = DType::kBFloat16;  // 16-bit type of the tensor-core products

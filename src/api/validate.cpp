@@ -665,6 +665,7 @@ ProblemShape validate(const ForwardParams& p) {
   s.headdim = hp;
   s.ngroups = g;
   s.dstate = n;
+  s.chunk_size = p.chunk_size;
   s.nchunks = nchunks;
   s.nseq = nseq;
   s.compute_dtype = compute;

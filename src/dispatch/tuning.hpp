@@ -48,8 +48,7 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
     if (blocks < 3 * static_cast<int64_t>(sm_count)) hb = 1;
     // dstate 64 with chunks of up to 128 tokens: C B^T is cheap to repeat per head, and the CTA
     // of one head is shorter (anchor dstate 64, 64K tokens: 1.03 ms against 1.15 ms with two).
-    const bool chunk_le_128 = s.nchunks * 128 >= s.seqlen;
-    if (s.dstate <= 64 && chunk_le_128) hb = 1;
+    if (s.dstate <= 64 && s.chunk_size <= 128) hb = 1;
   }
   c.compute_out_heads_per_cta = hb;
   return c;

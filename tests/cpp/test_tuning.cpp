@@ -213,6 +213,7 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   auto shape = [](int64_t b, int64_t l, int64_t h, int64_t g, int64_t n, int64_t q = 128) {
     ProblemShape s;
     s.batch = b; s.seqlen = l; s.nheads = h; s.ngroups = g; s.headdim = 64; s.dstate = n;
+    s.chunk_size = q;
     s.nchunks = (l + q - 1) / q;
     return s;
   };
