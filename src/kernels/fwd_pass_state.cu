@@ -13,9 +13,9 @@
 // one wgmma batch) the cost to keep small; parallelism comes from walks x heads x state tiles.
 // Every few chunks the CTA publishes its progress (SsdParams::ready) so that compute_out, which
 // runs alongside, can use the chunk states already stored.
-// With walk segments (SsdParams::nseg > 1) the same kernel runs twice: a launch that only sums
-// each segment (every one but the last), then the walks, each segment starting from the state
-// the earlier segments' sums give. Few walks make the chain the cost; segments shorten it.
+// With walk segments (SsdParams::nseg > 1) two launches: the kernel's sum-only instantiation
+// sums each segment (every one but the last), then the walks, each segment starting from the
+// state the earlier segments' sums give. Few walks make the chain the cost; segments shorten it.
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
 #include "kernels/tensor_map.hpp"

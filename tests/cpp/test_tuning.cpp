@@ -206,6 +206,20 @@ TEST(TuningHeuristic, WalkSegmentsAllowed) {
   s.nchunks = 26;
   s.nseq = 6;
   EXPECT_EQ(detail::max_walk_segments(s, true), 1);
+  // The shapes of the GPU test Gpu.WalkSegments still split (else that test would check
+  // nothing about segments): batched chunk counts and the segments each one asks for.
+  const int64_t batched[][2] = {{33, 2}, {47, 3}, {40, 5}, {11, 2}, {128, 16}};
+  for (const auto& bc : batched) {
+    ProblemShape b;
+    b.nchunks = bc[0];
+    EXPECT_GE(detail::max_walk_segments(b, false), bc[1]) << bc[0] << " chunks";
+  }
+  // Its varlen case {3000, 0, 700} tokens in 64-token chunks: 60 chunks at most.
+  ProblemShape v;
+  v.nseq = 3;
+  v.nchunks = max_varlen_chunks(3700, 3, 64);
+  EXPECT_EQ(v.nchunks, 60);
+  EXPECT_GE(detail::max_walk_segments(v, true), 4);
 }
 
 // The heuristic reproduces the tuner's H200 picks on the benchmark's shapes (tuning.hpp).
