@@ -36,10 +36,15 @@ struct KernelConfig {
   // fwd_pass_state: segments each walk (row or varlen sequence) is split into, 1-16; at most a
   // quarter of the mean chunks per walk, so a larger count is reduced to what the shape allows.
   int pass_state_segments = 0;
+  // 1: the walk and the output as two kernels running side by side (fwd_pass_state, compute_out);
+  // 2: as one kernel (fused_walk: the chunk states stay on chip; the segments above apply, the
+  // other settings do not) where it applies (headdim 64, dstate <= 128, chunk 64 or 128), else 1.
+  int fused_walk = 0;
 
   bool operator==(const KernelConfig& o) const {
     return pass_state_dstate_tile == o.pass_state_dstate_tile && pass_state_stages == o.pass_state_stages &&
-           compute_out_heads_per_cta == o.compute_out_heads_per_cta && pass_state_segments == o.pass_state_segments;
+           compute_out_heads_per_cta == o.compute_out_heads_per_cta && pass_state_segments == o.pass_state_segments &&
+           fused_walk == o.fused_walk;
   }
   bool operator!=(const KernelConfig& o) const { return !(*this == o); }
 };

@@ -22,7 +22,7 @@ struct CUstream_st;
 
 namespace mamba2_ssd {
 
-// "nt=32 stages=4 heads=2"
+// "nt=32 stages=4 segments=1 heads=2 fused=1"
 std::string to_string(const KernelConfig& c);
 
 // One measured setting of one kernel. The two tuned kernels run alongside each other, so every

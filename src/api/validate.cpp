@@ -617,6 +617,9 @@ ProblemShape validate(const ForwardParams& p) {
     if (kc.pass_state_segments < 0 || kc.pass_state_segments > 16) {
       fail("kernel_config.pass_state_segments", "expected 0 (unset) or 1 to 16, got " + str(kc.pass_state_segments));
     }
+    if (kc.fused_walk < 0 || kc.fused_walk > 2) {
+      fail("kernel_config.fused_walk", "expected 0 (unset), 1 (two kernels) or 2 (fused), got " + str(kc.fused_walk));
+    }
     const int max_heads = hp <= 64 ? 4 : 2;
     const int hc = kc.compute_out_heads_per_cta;
     if (hc != 0 && (hc < 1 || hc > max_heads || (hc & (hc - 1)) != 0)) {

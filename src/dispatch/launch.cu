@@ -316,12 +316,42 @@ void launch_prefix(const ForwardParams& p, const ProblemShape& s, const Workspac
   kernels::launch_chunk_cumsum(k, stream);
 }
 
+// fused_walk's parameters: its segment sums in 64-column tiles, no progress counters (nothing
+// runs alongside), and chunk states stored only for the caller or for varlen_states.
+kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, const WorkspacePlan& w) {
+  kernels::PassStateConfig c;
+  c.dstate_tile = 64;
+  c.segments = segments;
+  k = with_pass_state(k, c, w);
+  k.ready = nullptr;
+  const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
+  if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;
+  return k;
+}
+
+// The launches of a forward call after the prefix: fused_walk (with its segment sums) when `fused`,
+// else fwd_pass_state and compute_out (overlapping); then varlen_states where asked for.
+void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k, bool fused,
+                            const kernels::PassStateConfig& ps, const kernels::ComputeOutConfig& co,
+                            cudaStream_t stream) {
+  if (fused) {
+    kernels::launch_segment_sums(k, 64, stream);
+    kernels::launch_fused_walk(k, stream);
+  } else {
+    // compute_out overlaps fwd_pass_state (see kernels.hpp).
+    kernels::launch_fwd_pass_state(k, ps, stream);
+    kernels::launch_compute_out(k, co, stream);
+  }
+  if (p.layout != Layout::kVarlen && p.varlen_states.present()) kernels::launch_varlen_states(k, stream);
+}
+
 // Fills the unset fields of `c` from `from`.
 KernelConfig fill_unset(KernelConfig c, const KernelConfig& from) {
   if (c.pass_state_dstate_tile == 0) c.pass_state_dstate_tile = from.pass_state_dstate_tile;
   if (c.pass_state_stages == 0) c.pass_state_stages = from.pass_state_stages;
   if (c.pass_state_segments == 0) c.pass_state_segments = from.pass_state_segments;
   if (c.compute_out_heads_per_cta == 0) c.compute_out_heads_per_cta = from.compute_out_heads_per_cta;
+  if (c.fused_walk == 0) c.fused_walk = from.fused_walk;
   return c;
 }
 
@@ -356,8 +386,6 @@ DeviceId current_device_id() {
 KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s, std::string* source,
                                    std::string* key_out) {
   const DeviceId dev = current_device_id();
-  const KernelConfig heuristic =
-      heuristic_config(s, walk_count(p, s), dev.sm_count, max_walk_segments(s, p.layout == Layout::kVarlen));
   KernelConfig c = p.kernel_config;
   std::string src = c == KernelConfig{} ? "" : "explicit";
   // Manual overrides for measuring variants (environment).
@@ -366,6 +394,7 @@ KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s
   if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_STAGES")) env.pass_state_stages = std::atoi(e) <= 2 ? 2 : 4;
   if (const char* e = std::getenv("MAMBA2_SSD_HEADS_PER_CTA")) env.compute_out_heads_per_cta = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_SEGMENTS")) env.pass_state_segments = std::clamp(std::atoi(e), 1, 16);
+  if (const char* e = std::getenv("MAMBA2_SSD_FUSED")) env.fused_walk = std::string(e) == "0" ? 1 : 2;
   if (env != KernelConfig{}) {
     c = fill_unset(c, env);
     if (src.empty()) src = "env";
@@ -378,7 +407,9 @@ KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s
     if (src.empty() && c != before) src = "cache";
   }
   if (src.empty()) src = "heuristic";
-  c = fill_unset(c, heuristic);
+  // (for a mode set above, the heuristic's settings of that mode)
+  c = fill_unset(c, heuristic_config(s, walk_count(p, s), dev.sm_count,
+                                     max_walk_segments(s, p.layout == Layout::kVarlen), c.fused_walk));
   if (source) *source = src;
   return c;
 }
@@ -402,14 +433,16 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   ps.dstate_tile = cfg.pass_state_dstate_tile;
   ps.stages = cfg.pass_state_stages;
   ps.segments = cfg.pass_state_segments;
-  const kernels::SsdParams k = with_pass_state(make_kernel_params(p, s, w, ws), ps, w);
-  const kernels::ComputeOutConfig co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta,
-                                                          static_cast<int>(walk_count(p, s)), current_device_id().sm_count);
+  const bool fused = cfg.fused_walk == 2 && fused_walk_applies(s);
+  const kernels::SsdParams k0 = make_kernel_params(p, s, w, ws);
+  const kernels::SsdParams k = fused ? fused_params(p, k0, cfg.pass_state_segments, w) : with_pass_state(k0, ps, w);
+  kernels::ComputeOutConfig co;
+  if (!fused) {
+    co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, static_cast<int>(walk_count(p, s)),
+                            current_device_id().sm_count);
+  }
   launch_prefix(p, s, w, ws, k, stream);
-  // compute_out overlaps fwd_pass_state (see kernels.hpp).
-  kernels::launch_fwd_pass_state(k, ps, stream);
-  kernels::launch_compute_out(k, co, stream);
-  if (p.layout != Layout::kVarlen && p.varlen_states.present()) kernels::launch_varlen_states(k, stream);
+  launch_walk_and_output(p, k, fused, ps, co, stream);
 }
 
 TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspace, std::size_t workspace_bytes,
@@ -477,43 +510,77 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
         compute_out_config(kc, ps, heads_per_cta, static_cast<int>(walk_count(p, s)), dev.sm_count);
     return time_ms([&] {
       launch_prefix(p, s, w, ws, kc, stream);
-      kernels::launch_fwd_pass_state(kc, ps, stream);
-      kernels::launch_compute_out(kc, co, stream);
+      launch_walk_and_output(p, kc, false, ps, co, stream);
     });
   };
-  // Stage 1, fwd_pass_state's tile and ring (compute_out and the segments at the heuristic's
-  // setting): the heuristic's setting first, then the others while the budget lasts. Stage 2,
-  // its walk segments with the best of those; stage 3, compute_out with the best so far.
-  // Segment counts the shape reduces to the same split are timed once.
-  const int hb_heur = r.heuristic.compute_out_heads_per_cta;
-  std::vector<std::pair<int, int>> ps = {{r.heuristic.pass_state_dstate_tile, r.heuristic.pass_state_stages}};
+  auto fused_ms = [&](int segments) {
+    const kernels::SsdParams kc = fused_params(p, k, segments, w);
+    return time_ms([&] {
+      launch_prefix(p, s, w, ws, kc, stream);
+      launch_walk_and_output(p, kc, true, {}, {}, stream);
+    });
+  };
+  const bool fused_ok = fused_walk_applies(s);
+  const bool heuristic_fused = fused_ok && r.heuristic.fused_walk == 2;
+  auto out_of_time = [&] {
+    if (elapsed() <= opt.budget_seconds) return false;
+    r.complete = false;
+    return true;
+  };
+  // The heuristic's own setting first (its time is heuristic_ms). Then the two kernels: stage 1,
+  // fwd_pass_state's tile and ring (compute_out and the segments at the heuristic's setting);
+  // stage 2, its walk segments with the best of those; stage 3, compute_out with the best so
+  // far. Then fused_walk's segments, where it applies. Segment counts the shape reduces to the
+  // same split are timed once. The heuristic's mode is kept unless the other is clearly faster.
+  double fused_best_ms = 0.0;
+  int fused_best_segments = r.heuristic.pass_state_segments;
+  std::vector<int32_t> fused_splits;
+  auto try_fused = [&](int segs) {
+    const int32_t nseg = fused_params(p, k, segs, w).nseg;
+    if (std::find(fused_splits.begin(), fused_splits.end(), nseg) != fused_splits.end()) return;
+    fused_splits.push_back(nseg);
+    const double ms = fused_ms(segs);
+    report("fused_walk", "segments=" + std::to_string(nseg), ms);
+    if (fused_splits.size() == 1 || clearly_faster(ms, fused_best_ms)) {
+      fused_best_ms = ms;
+      fused_best_segments = segs;
+    }
+  };
+  if (heuristic_fused) {
+    try_fused(r.heuristic.pass_state_segments);
+    r.heuristic_ms = fused_best_ms;
+  }
+  // (the heuristic's settings for the two kernels, when it picked fused_walk)
+  const KernelConfig h2 = heuristic_config(s, walk_count(p, s), dev.sm_count, w.max_segments, 1);
+  const int hb_heur = h2.compute_out_heads_per_cta;
+  std::vector<std::pair<int, int>> ps = {{h2.pass_state_dstate_tile, h2.pass_state_stages}};
   for (int nt : {32, 64}) {
     for (int st : {4, 2}) {
       if (nt != ps[0].first || st != ps[0].second) ps.push_back({nt, st});
     }
   }
-  double best_ms = 0.0;
+  double best_ms = 0.0;  // of the two kernels
   kernels::PassStateConfig best_ps;
-  r.best.pass_state_segments = r.heuristic.pass_state_segments;
+  KernelConfig two = h2;
   for (size_t i = 0; i < ps.size(); ++i) {
-    if (i > 0 && elapsed() > opt.budget_seconds) { r.complete = false; break; }
+    if ((i > 0 || heuristic_fused) && out_of_time()) break;
     kernels::PassStateConfig c;
     c.dstate_tile = ps[i].first;
     c.stages = ps[i].second;
-    c.segments = r.heuristic.pass_state_segments;
+    c.segments = h2.pass_state_segments;
     const double ms = forward_ms(c, hb_heur);
     report("fwd_pass_state", "nt=" + std::to_string(c.dstate_tile) + " stages=" + std::to_string(c.stages), ms);
-    if (i == 0) r.heuristic_ms = ms;
+    if (i == 0 && !heuristic_fused) r.heuristic_ms = ms;
     if (i == 0 || clearly_faster(ms, best_ms)) {
       best_ms = ms;
       best_ps = c;
-      r.best.pass_state_dstate_tile = c.dstate_tile;
-      r.best.pass_state_stages = c.stages;
+      two.pass_state_dstate_tile = c.dstate_tile;
+      two.pass_state_stages = c.stages;
     }
   }
   std::vector<int32_t> splits_timed = {with_pass_state(k, best_ps, w).nseg};
   for (int segs : {1, 2, 4, 8, 16}) {
-    if (!r.complete || elapsed() > opt.budget_seconds) { r.complete = false; break; }
+    if (!r.complete || out_of_time()) break;
     kernels::PassStateConfig c = best_ps;
     c.segments = segs;
     const int32_t nseg = with_pass_state(k, c, w).nseg;
@@ -524,23 +591,37 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
     if (clearly_faster(ms, best_ms)) {
       best_ms = ms;
       best_ps = c;
-      r.best.pass_state_segments = segs;
+      two.pass_state_segments = segs;
     }
   }
-  r.best.compute_out_heads_per_cta = hb_heur;
   std::vector<int> hbs;
   const int max_hb = static_cast<int>(std::min<int64_t>(s.headdim <= 64 ? 4 : 2, s.nheads / s.ngroups));
   for (int hb = 1; hb <= max_hb; hb *= 2) hbs.push_back(hb);
   for (size_t i = 0; i < hbs.size(); ++i) {
-    if (elapsed() > opt.budget_seconds) { r.complete = false; break; }
+    if (!r.complete || out_of_time()) break;
     const double ms = forward_ms(best_ps, hbs[i]);
     report("compute_out", "heads=" + std::to_string(hbs[i]), ms);
     if (clearly_faster(ms, best_ms)) {
       best_ms = ms;
-      r.best.compute_out_heads_per_cta = hbs[i];
+      two.compute_out_heads_per_cta = hbs[i];
     }
   }
+  if (fused_ok) {
+    for (int segs : {1, 2, 4, 8, 16}) {
+      if (!r.complete || out_of_time()) break;
+      try_fused(segs);
+    }
+  }
+  r.best = two;
   r.best_ms = best_ms;
+  const bool two_timed = best_ms > 0.0;  // (the budget may end before the first)
+  const bool fused_wins = !fused_splits.empty() && (!two_timed || (heuristic_fused ? !clearly_faster(best_ms, fused_best_ms)
+                                                                                   : clearly_faster(fused_best_ms, best_ms)));
+  if (fused_wins) {
+    r.best.fused_walk = 2;
+    r.best.pass_state_segments = fused_best_segments;
+    r.best_ms = fused_best_ms;
+  }
   r.seconds = elapsed();
   if (opt.store) TuningCache::instance().store(r.key, {r.best, r.best_ms, r.heuristic_ms}, true);
   return r;

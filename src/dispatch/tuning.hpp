@@ -11,6 +11,12 @@
 
 namespace mamba2_ssd::detail {
 
+// fused_walk takes headdim 64, dstate up to 128 and chunks of 64 or 128 tokens (its state and
+// shared memory; kernels::fused_walk_supported checks the same at launch).
+inline bool fused_walk_applies(const ProblemShape& s) {
+  return s.headdim == 64 && s.dstate <= 128 && (s.chunk_size == 64 || s.chunk_size == 128);
+}
+
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
 // shapes, 2026-11-29 v6 run; compute_out's heads per CTA re-checked after its TMA loads,
 // 2026-11-30) where they differ by more than a few percent.
@@ -27,8 +33,14 @@ namespace mamba2_ssd::detail {
 // 4 to 16 segments of at least 8 chunks (1 row x 8 heads, dstate 128, 64K tokens: 603 -> 256 us; 1 row
 // x 10 heads of the 2.7B layer, 64K: 546 -> 329 us). With more walks the call is bound by the
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
-// max_segments: max_walk_segments() of the call.
-inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments) {
+// fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies and the
+// walks have at least 32 chunks (anchor dstate 64/128 from 4K tokens: 13-28% faster than the two
+// kernels; at 1K tokens, 8 chunks, 27% slower), with the segments that make about two CTAs per
+// SM (its shared memory fits two).
+// max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
+// of that mode (2 where fused_walk applies).
+inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments,
+                                     int fused_walk = 0) {
   KernelConfig c;
   const int64_t p_tiles = (s.headdim + 63) / 64;
   const int64_t ctas64 = walks * s.nheads * p_tiles * ((s.dstate + 63) / 64);
@@ -51,6 +63,13 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
     if (s.dstate <= 64 && s.chunk_size <= 128) hb = 1;
   }
   c.compute_out_heads_per_cta = hb;
+  c.fused_walk = 1;
+  const int64_t walk_heads = std::max<int64_t>(walks * s.nheads, 1);
+  const int64_t chunks_per_walk = s.nchunks * s.batch / std::max<int64_t>(walks, 1);  // varlen: the mean
+  if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && chunks_per_walk >= 32))) {
+    c.fused_walk = 2;
+    c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(2 * sm_count / walk_heads, 1, max_segments));
+  }
   return c;
 }
 

@@ -128,14 +128,15 @@ bool parse_entry(Reader& r, std::map<std::string, TuningEntry>& entries) {
         if (!r.string(key)) return false;
         have_key = true;
       } else if (name == "pass_state_dstate_tile" || name == "pass_state_stages" ||
-                 name == "compute_out_heads_per_cta" || name == "pass_state_segments" || name == "ms" ||
-                 name == "heuristic_ms") {
+                 name == "compute_out_heads_per_cta" || name == "pass_state_segments" || name == "fused_walk" ||
+                 name == "ms" || name == "heuristic_ms") {
         double v;
         if (!r.number(v)) return false;
         if (name == "pass_state_dstate_tile") e.config.pass_state_dstate_tile = static_cast<int>(v);
         else if (name == "pass_state_stages") e.config.pass_state_stages = static_cast<int>(v);
         else if (name == "compute_out_heads_per_cta") e.config.compute_out_heads_per_cta = static_cast<int>(v);
         else if (name == "pass_state_segments") e.config.pass_state_segments = static_cast<int>(v);
+        else if (name == "fused_walk") e.config.fused_walk = static_cast<int>(v);
         else if (name == "ms") e.ms = v;
         else e.heuristic_ms = v;
       } else if (!r.skip()) {
@@ -149,7 +150,10 @@ bool parse_entry(Reader& r, std::map<std::string, TuningEntry>& entries) {
                      (c.pass_state_stages == 2 || c.pass_state_stages == 4) &&
                      (c.compute_out_heads_per_cta == 1 || c.compute_out_heads_per_cta == 2 ||
                       c.compute_out_heads_per_cta == 4) &&
-                     c.pass_state_segments >= 0 && c.pass_state_segments <= 16;  // 0: an entry from before segments
+                     c.pass_state_segments >= 0 && c.pass_state_segments <= 16 &&  // 0: an entry from before segments
+                     c.fused_walk >= 0 && c.fused_walk <= 2;
+  // An entry from before fused_walk was tuned on the two kernels.
+  if (e.config.fused_walk == 0) e.config.fused_walk = 1;
   if (!have_key || !valid) {
     r.err = "an entry without a key or with invalid settings (key '" + key + "')";
     return false;
@@ -197,9 +201,9 @@ std::string to_tuning_json(const std::map<std::string, TuningEntry>& entries) {
     char nums[256];
     std::snprintf(nums, sizeof nums,
                   "\"pass_state_dstate_tile\": %d, \"pass_state_stages\": %d, \"pass_state_segments\": %d, "
-                  "\"compute_out_heads_per_cta\": %d, \"ms\": %.6g, \"heuristic_ms\": %.6g}",
+                  "\"compute_out_heads_per_cta\": %d, \"fused_walk\": %d, \"ms\": %.6g, \"heuristic_ms\": %.6g}",
                   e.config.pass_state_dstate_tile, e.config.pass_state_stages, e.config.pass_state_segments,
-                  e.config.compute_out_heads_per_cta, e.ms, e.heuristic_ms);
+                  e.config.compute_out_heads_per_cta, e.config.fused_walk, e.ms, e.heuristic_ms);
     o += first ? "\n" : ",\n";
     o += "    {\"key\": \"" + json_safe(key) + "\", " + nums;
     first = false;

@@ -237,4 +237,36 @@ __device__ __forceinline__ int64_t carry_offset(const SsdParams& p, int64_t row,
   return (row * p.nheads + h) * p.nchunks + g;
 }
 
+// The chunk range of a walk and the position of chunk `local` of it.
+struct Walk {
+  int64_t row, walk, g0, nchunks;
+  int64_t tok_begin, tok_end;
+};
+
+__device__ __forceinline__ Walk make_walk(const SsdParams& p, int64_t w) {
+  Walk k;
+  k.walk = w;
+  if (!p.varlen) {
+    k.row = w; k.g0 = 0; k.nchunks = p.nchunks; k.tok_begin = 0; k.tok_end = p.seqlen;
+  } else {
+    k.row = 0;
+    k.g0 = p.chunk_offsets[w];
+    k.nchunks = p.chunk_offsets[w + 1] - k.g0;
+    k.tok_begin = load_cu(p, w);
+    k.tok_end = load_cu(p, w + 1);
+  }
+  return k;
+}
+
+__device__ __forceinline__ ChunkInfo walk_chunk(const SsdParams& p, const Walk& k, int64_t local) {
+  ChunkInfo ci;
+  ci.row = k.row;
+  ci.walk = k.walk;
+  ci.local = local;
+  ci.tok0 = k.tok_begin + local * p.chunk;
+  const int64_t left = k.tok_end - ci.tok0;
+  ci.count = static_cast<int32_t>(left < p.chunk ? left : p.chunk);
+  return ci;
+}
+
 }  // namespace mamba2_ssd::kernels

@@ -30,6 +30,7 @@
 // zeros of the masked S and rows of the output that are not stored.
 #include <algorithm>
 
+#include "kernels/chunk_out.cuh"
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
 #include "kernels/tensor_map.hpp"
@@ -40,13 +41,8 @@ namespace mamba2_ssd::kernels {
 namespace {
 
 using namespace cute;
-using state_tile::acc_col;
-using state_tile::acc_row;
+using namespace chunk_out;
 using state_tile::cp_async_4;
-
-constexpr int kThreads = 128;
-constexpr int kM = 64;  // output tokens per CTA
-constexpr int kN = 64;  // dstate slice and source-token block
 
 // The TMA loads of one tile, their coordinates innermost first (see launch_compute_out).
 struct TileMaps {
@@ -54,26 +50,6 @@ struct TileMaps {
   CUtensorMap x;       // (p, token, head, row), box 64 x 64 (two loads for headdim 128)
   CUtensorMap states;  // (n, p, head, chunk, row), box 64 x P; when in the compute type
   CUtensorMap init;    // (n, p, head, walk), box 64 x P; when in the compute type
-};
-
-// Shared-memory tile layouts: the 128-byte-swizzled canonical wgmma layouts, which are also
-// where a TMA box of 64 columns x rows with the 128-byte swizzle puts its elements (for X,
-// headdim 128 is two such boxes one after the other: the token mode is tiled first).
-template <class T, int P>
-struct Traits {
-  using LayoutC = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<kM>, Int<kN>>{}));  // (t, n)
-  using LayoutH = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<P>, Int<kN>>{}));   // (p, n)
-  using LayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<kN>, Int<kN>>{}));  // (s, n)
-  using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<P>, Int<kN>>{},
-                                         Step<_2, _1>{}));                                             // (p, s)
-  using MmaCB = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<T, T, float, Shape<Int<kM>, Int<kN>, Int<kN>>, GMMA::Major::K, GMMA::Major::K>()));
-  using MmaCH = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<T, T, float, Shape<Int<kM>, Int<P>, Int<kN>>, GMMA::Major::K, GMMA::Major::K>()));
-  using MmaSX = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<T, T, float, Shape<Int<kM>, Int<P>, Int<kN>>, GMMA::Major::K, GMMA::Major::MN>()));
-  static constexpr int kSliceBytes = kM * kN * 2;   // one 64 x 64 slice of C_m
-  static constexpr int kStageBytes = P * kN * 2;    // the largest streamed tile (H slice or X tile)
 };
 
 constexpr int kMaxStages = 4;
@@ -111,174 +87,7 @@ __device__ __noinline__ void load_h_convert(char* stage, const char* hbase, DTyp
   }
 }
 
-// Two packed 16-bit values of type T as floats.
-template <class T>
-__device__ __forceinline__ float2 to_float2(uint32_t w, T) {
-  const T* v = reinterpret_cast<const T*>(&w);
-  return make_float2(to_float(v[0]), to_float(v[1]));
-}
-
-// Issues one wgmma batch acc (+)= A B over all k-blocks of the operands (no wait).
-// `overwrite`: the first k-block replaces the accumulator instead of adding to it (wgmma's
-// scale-d predicate), which saves a register clear per batch.
-template <class Mma, class TA, class TB, class Acc>
-__device__ __forceinline__ void wgmma_issue(Mma& mma, TA const& a, TB const& b, Acc& acc, bool overwrite) {
-  warpgroup_fence_operand(acc);
-  warpgroup_arrive();
-  mma.accumulate_ = overwrite ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    gemm(mma, a(_, _, k), b(_, _, k), acc);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-}
-
 constexpr int kMinStages = 2;  // the stage in use and at least one being filled
-
-// Four values of type T (8 bytes) or float (16 bytes) as floats.
-template <class T>
-__device__ __forceinline__ float4 load4_16(const void* ptr) {
-  const uint2 w = *static_cast<const uint2*>(ptr);
-  const float2 a = to_float2(w.x, T{}), b = to_float2(w.y, T{});
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-
-// The epilogue of a CTA's heads: out = (acc_h + D x) * silu(z) for the rows t < count.
-// Each warp owns rows 16 w .. 16 w + 15 of every accumulator. For every (head, 64-column half)
-// the warp stages those rows in `s_y` (fp32, 64 x 64; element (row, col) at
-// row * 64 + (col ^ 4 (row % 8)): conflict-free float2 writes and float4 reads), then reads
-// them back four columns per lane, 16 lanes per row, so x, z and out move as 8- or 16-byte
-// vectors along a row (coalesced). The staging selects the head's registers; the reading code
-// exists once for all heads.
-// x for D x: from X_hm in the ring when its stage was not refilled (16-bit inputs: the tiles
-// of the last `stages` steps stay; `use` is the stage after the last step, X_hm of head h was
-// the step nh - h before it), else from global memory (fp32 inputs: the original fp32 x).
-template <class T, int P, int HB, class AccFrag>
-__device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc)[HB], float* s_y, const float* s_d,
-                                               const char* s_stages, int stages, int use, const ChunkInfo& ci, int m,
-                                               int64_t h0, int nh) {
-  constexpr int kHalves = P / 64;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const bool io16 = p.io_dtype != DType::kFloat32;
-  // Staging: rows ra = 16 w + lane / 4 and ra + 8 (both = lane / 4 mod 8), columns 8 k + 2 (lane % 4).
-  const int ra = acc_row(0), rb = acc_row(2);
-  const int swz_w = ((lane / 4) & 7) << 2;
-  float* y_ra = s_y + ra * 64;
-  float* y_rb = s_y + rb * 64;
-  // Reading: lane -> columns 4 c4 .. 4 c4 + 3 of rows 16 w + 2 i + lane / 16, i = 0..7.
-  const int c4 = lane % 16;
-  const int row_first = 16 * warp + lane / 16;  // item 0's row within the block
-#pragma unroll 1
-  for (int hh = 0; hh < nh * kHalves; ++hh) {
-    const int h = hh / kHalves, half = hh % kHalves;
-    __syncwarp();  // the previous pass's reads are done
-#pragma unroll
-    for (int hc = 0; hc < HB; ++hc) {
-#pragma unroll
-      for (int hf = 0; hf < kHalves; ++hf) {
-        if (hc == h && hf == half) {
-          warpgroup_fence_operand(acc[hc]);
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            const int col = (8 * k + 2 * (lane % 4)) ^ swz_w;
-            const int v = 4 * (8 * hf + k);
-            *reinterpret_cast<float2*>(y_ra + col) = make_float2(acc[hc](v), acc[hc](v + 1));
-            *reinterpret_cast<float2*>(y_rb + col) = make_float2(acc[hc](v + 2), acc[hc](v + 3));
-          }
-        }
-      }
-    }
-    __syncwarp();
-    const int64_t hg = h0 + h;
-    const int pcol = 64 * half + 4 * c4;
-    const bool has_d = p.D != nullptr, has_z = p.z != nullptr;
-    const float4 d = has_d ? *reinterpret_cast<const float4*>(s_d + h * P + pcol) : make_float4(0.f, 0.f, 0.f, 0.f);
-    const bool x_smem = io16 && nh - h <= stages;
-    // (headdim 128: the second 64-column box of X starts 8 KB into the stage)
-    const char* x_tile = s_stages + ((use - nh + h + 4 * stages) % stages) * Traits<T, P>::kStageBytes +
-                         half * (64 * kN * 2) + ((c4 & 1) << 3);
-    const int64_t tok = ci.tok0 + m * kM + row_first;  // item 0's token in the row
-    const int64_t x_off = ci.row * p.x_sb + tok * p.x_st + hg * p.x_sh + pcol;
-    const int64_t xf_off = ci.row * p.xf_sb + tok * p.xf_st + hg * p.xf_sh + pcol;
-    const int64_t z_off = ci.row * p.z_sb + tok * p.z_st + hg * p.z_sh + pcol;
-    const int64_t o_off = ci.row * p.out_sb + tok * p.out_st + hg * p.out_sh + pcol;
-    const int rows_left = ci.count - m * kM - row_first;  // item i is a token of the chunk if 2 i < rows_left
-    if (io16 && !has_z && x_smem) {
-      // The common case, without per-item dtype branches: rows 2 i apart share the swizzle
-      // phase (row_first + 2 i) % 8, with row_first % 8 = lane / 16.
-      const char* x_row = x_tile + 128 * row_first;
-      const float* y_row = s_y + row_first * 64;
-      T* o_row = static_cast<T*>(p.out) + o_off;
-      const int64_t o_step = 2 * p.out_st;
-      const int r8 = lane / 16;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int sw = (r8 + 2 * i) & 7;
-        if (2 * i < rows_left) {
-          float4 y = *reinterpret_cast<const float4*>(y_row + 128 * i + ((4 * c4) ^ (sw << 2)));
-          if (has_d) {
-            const float4 x = load4_16<T>(x_row + 256 * i + (((c4 >> 1) ^ sw) << 4));
-            y.x += d.x * x.x;
-            y.y += d.y * x.y;
-            y.z += d.z * x.z;
-            y.w += d.w * x.w;
-          }
-          T q[4] = {from_float<T>(y.x), from_float<T>(y.y), from_float<T>(y.z), from_float<T>(y.w)};
-          *reinterpret_cast<uint2*>(o_row) = *reinterpret_cast<const uint2*>(q);
-        }
-        o_row += o_step;
-      }
-      continue;
-    }
-#pragma unroll 1
-    for (int i0 = 0; i0 < 8; i0 += 4) {
-      // All loads of four items first, then their math and stores: one memory latency per four
-      // items (the compiler would not move a load above a store that may alias it).
-      float4 xv[4], zv[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = i0 + u;
-        const int tl = row_first + 2 * i;
-        const bool ok = 2 * i < rows_left;
-        xv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        zv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (ok && has_d) {
-          if (x_smem) xv[u] = load4_16<T>(x_tile + 128 * tl + (((c4 >> 1) ^ (tl & 7)) << 4));
-          else if (io16) xv[u] = load4_16<T>(static_cast<const T*>(p.x) + x_off + 2 * i * p.x_st);
-          else xv[u] = *reinterpret_cast<const float4*>(p.x_f32 + xf_off + 2 * i * p.xf_st);
-        }
-        if (ok && has_z) {
-          if (io16) zv[u] = load4_16<T>(static_cast<const T*>(p.z) + z_off + 2 * i * p.z_st);
-          else zv[u] = *reinterpret_cast<const float4*>(static_cast<const float*>(p.z) + z_off + 2 * i * p.z_st);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = i0 + u;
-        const int tl = row_first + 2 * i;
-        if (2 * i >= rows_left) continue;
-        float4 y = *reinterpret_cast<const float4*>(s_y + tl * 64 + ((4 * c4) ^ ((tl & 7) << 2)));
-        y.x += d.x * xv[u].x;
-        y.y += d.y * xv[u].y;
-        y.z += d.z * xv[u].z;
-        y.w += d.w * xv[u].w;
-        if (has_z) {
-          y.x *= silu(zv[u].x);
-          y.y *= silu(zv[u].y);
-          y.z *= silu(zv[u].z);
-          y.w *= silu(zv[u].w);
-        }
-        if (io16) {
-          T q[4] = {from_float<T>(y.x), from_float<T>(y.y), from_float<T>(y.z), from_float<T>(y.w)};
-          *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + o_off + 2 * i * p.out_st) = *reinterpret_cast<const uint2*>(q);
-        } else {
-          *reinterpret_cast<float4*>(static_cast<float*>(p.out) + o_off + 2 * i * p.out_st) = y;
-        }
-      }
-    }
-  }
-}
 
 template <class T, int P, int HB>
 __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
@@ -640,7 +449,12 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   // the epilogue used to be unrolled per head, column and dtype, and its size made the kernel
   // stall on instruction fetch.
   __syncthreads();  // every warp is done reading the masked CB
-  epilogue_heads<T, P, HB>(p, acc, s_cbm, s_d, s_stages, stages, use, ci, m, h0, nh);
+  // X_hm stays in the ring when its stage was not refilled (the tiles of the last `stages` steps;
+  // `use` is the stage after the last step, X_hm of head h was the step nh - h before it).
+  auto x_tile_of = [&](int h) -> const char* {
+    return nh - h <= stages ? s_stages + ((use - nh + h + 4 * stages) % stages) * Tr::kStageBytes : nullptr;
+  };
+  epilogue_heads<T, P, HB>(p, acc, s_cbm, s_d, x_tile_of, ci, m, h0, nh);
 }
 
 // The shared memory and registers of one SM.

@@ -28,38 +28,6 @@ namespace {
 using namespace cute;
 namespace st = state_tile;
 
-// The chunk range of a walk and the position of chunk `local` of it.
-struct Walk {
-  int64_t row, walk, g0, nchunks;
-  int64_t tok_begin, tok_end;
-};
-
-__device__ __forceinline__ Walk make_walk(const SsdParams& p, int64_t w) {
-  Walk k;
-  k.walk = w;
-  if (!p.varlen) {
-    k.row = w; k.g0 = 0; k.nchunks = p.nchunks; k.tok_begin = 0; k.tok_end = p.seqlen;
-  } else {
-    k.row = 0;
-    k.g0 = p.chunk_offsets[w];
-    k.nchunks = p.chunk_offsets[w + 1] - k.g0;
-    k.tok_begin = load_cu(p, w);
-    k.tok_end = load_cu(p, w + 1);
-  }
-  return k;
-}
-
-__device__ __forceinline__ ChunkInfo walk_chunk(const SsdParams& p, const Walk& k, int64_t local) {
-  ChunkInfo ci;
-  ci.row = k.row;
-  ci.walk = k.walk;
-  ci.local = local;
-  ci.tok0 = k.tok_begin + local * p.chunk;
-  const int64_t left = k.tok_end - ci.tok0;
-  ci.count = static_cast<int32_t>(left < p.chunk ? left : p.chunk);
-  return ci;
-}
-
 // The TMA loads of fwd_pass_state: x as (p, token, head, row), box 64 x KS; B as
 // (n, token, group, row), box NT x KS (64- or 128-byte swizzle, as the smem layouts below).
 struct PassMaps {
@@ -320,8 +288,9 @@ auto prepared_kernel() {
   return kernel;
 }
 
+// The segment sums (p.nseg > 1), then the walks unless `sums_only`.
 template <class T, int NT, int KS, int kStages>
-void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
+void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_t stream) {
   static_assert(st::kP * NT % st::kThreads == 0, "accumulator fragment size");
   const int p_tiles = (p.headdim + st::kP - 1) / st::kP;
   const int n_tiles = (p.dstate + NT - 1) / NT;
@@ -351,6 +320,7 @@ void launch_typed(const SsdParams& p, int64_t walks, cudaStream_t stream) {
     sums<<<grid_sums, st::kThreads, pass_smem_bytes<T, NT, KS, kSumStages>(), stream>>>(p, maps);
     check_cuda(cudaGetLastError(), "launch fwd_pass_state (segment sums)");
   }
+  if (sums_only) return;
   auto walk = prepared_kernel<T, NT, KS, kStages, false>();
   dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * p.nseg));
   walk<<<grid, st::kThreads, pass_smem_bytes<T, NT, KS, kStages>(), stream>>>(p, maps);
@@ -381,9 +351,10 @@ auto with_instantiation(const SsdParams& p, const PassStateConfig& cfg, F&& f) {
 struct LaunchOp {
   const SsdParams& p;
   int64_t walks;
+  bool sums_only;
   cudaStream_t stream;
   template <class T, int NT, int KS, int kStages>
-  void run() const { launch_typed<T, NT, KS, kStages>(p, walks, stream); }
+  void run() const { launch_typed<T, NT, KS, kStages>(p, walks, sums_only, stream); }
 };
 struct FootprintOp {
   template <class T, int NT, int KS, int kStages>
@@ -401,7 +372,10 @@ int fwd_pass_state_tiles(int64_t headdim, int64_t dstate, int dstate_tile) {
   return static_cast<int>(((headdim + st::kP - 1) / st::kP) * ((dstate + nt - 1) / nt));
 }
 
-void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream) {
+namespace {
+
+// The checks and the launch(es) of both entry points below.
+void launch_checked(const SsdParams& p, const PassStateConfig& cfg, bool sums_only, cudaStream_t stream) {
   const int64_t walks = p.varlen ? p.nseq : p.batch;
   if (walks == 0) return;
   if (p.nseg < 1 || (p.nseg > 1 && (p.seg_chunks < 1 || p.seg_sums == nullptr || p.seg_carry == nullptr ||
@@ -413,7 +387,21 @@ void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaS
     throw_launch_error("fwd_pass_state: at most 65535 walks x segments per launch, got " +
                        std::to_string(walks * p.nseg));
   }
-  with_instantiation(p, cfg, LaunchOp{p, walks, stream});
+  with_instantiation(p, cfg, LaunchOp{p, walks, sums_only, stream});
+}
+
+}  // namespace
+
+void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream) {
+  launch_checked(p, cfg, false, stream);
+}
+
+void launch_segment_sums(const SsdParams& p, int dstate_tile, cudaStream_t stream) {
+  if (p.nseg < 2) return;
+  PassStateConfig cfg;
+  cfg.dstate_tile = dstate_tile;
+  cfg.stages = 2;
+  launch_checked(p, cfg, true, stream);
 }
 
 }  // namespace mamba2_ssd::kernels

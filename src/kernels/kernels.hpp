@@ -54,10 +54,18 @@ CtaFootprint fwd_pass_state_footprint(const SsdParams& p, const PassStateConfig&
 // The state after every chunk (p.states) and after every walk (p.final_states); with p.ready,
 // its progress per chunk for compute_out.
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream);
+// Only fwd_pass_state's segment sums (p.nseg > 1; sums of 64 x dstate_tile tiles), for
+// fused_walk.
+void launch_segment_sums(const SsdParams& p, int dstate_tile, cudaStream_t stream);
 // out for every chunk. Launched right after fwd_pass_state (programmatic dependent launch): it
 // runs alongside, waiting on p.ready before it reads a chunk state, and its CTAs of the last
 // chunk wait for fwd_pass_state to complete, so that its completion implies that one's.
 void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStream_t stream);
+// fused_walk: the walk and every chunk's output in one kernel (the chunk states stay on chip;
+// they are stored only where p.states is set). Takes headdim 64, dstate <= 128, chunk 64 or
+// 128 (fused_walk_supported); segments (p.nseg > 1) need launch_segment_sums(p, 64) first.
+bool fused_walk_supported(const SsdParams& p);
+void launch_fused_walk(const SsdParams& p, cudaStream_t stream);
 // Batched layout with cu_seqlens: the final state of every packed sequence (p.varlen_states).
 void launch_varlen_states(const SsdParams& p, cudaStream_t stream);
 // fp32 inputs: a strided (rows, inner) fp32 tensor -> contiguous bf16 copy.

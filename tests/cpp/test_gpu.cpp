@@ -280,7 +280,7 @@ TEST(Gpu, EveryKernelSetting) {
           c.ngroups = 2;  // 3 heads per group: the last slice of 2 or 4 is partial
           c.seqlen = 640;
           c.seq_starts = {{200, 333}, {128}};
-          c.kernel_config = {nt, stages, hb};
+          c.kernel_config = {nt, stages, hb, 0, 1};
           c.seed = ++seed;
           check_problem(c, "settings");
         }
@@ -314,7 +314,7 @@ TEST(Gpu, WalkSegments) {
       c.chunk_size = k.q;
       c.seqlen = k.seqlen;
       c.want_chunk_states = true;
-      c.kernel_config = {k.nt, k.stages, 0, k.segments};
+      c.kernel_config = {k.nt, k.stages, 0, k.segments, 1};
       // Starts at a segment's first chunk, inside a segment and in the last chunk.
       if (with_seq) c.seq_starts = {{k.q * 8, k.q * 8 + 17, k.seqlen - 5}, {k.q * 3 + 1}};
       c.seed = ++seed;
@@ -330,10 +330,88 @@ TEST(Gpu, WalkSegments) {
       v.chunk_size = 64;
       v.seqlens = lens;
       v.want_chunk_states = true;
-      v.kernel_config = {nt, 2, 0, 8};
+      v.kernel_config = {nt, 2, 0, 8, 1};
       v.seed = ++seed;
       check_problem(v, "segments-varlen");
     }
+  }
+}
+
+// fused_walk (the walk and the output in one kernel, KernelConfig::fused_walk = 2): every option on the
+// shapes it takes (headdim 64, dstate <= 128, chunk 64 or 128): dstates below one and between
+// two 64-column slices, segments (uneven, with seq_idx starts on and across their edges),
+// groups, z, D per headdim, dt bias/softplus/limits, chunk and final states in every dtype,
+// fp16 and fp32 inputs, partial chunks, the varlen layout (empty and one-token sequences) and
+// batched cu_seqlens with varlen_states. Shapes it does not take run the two-kernel path.
+TEST(Gpu, FusedWalk) {
+  SKIP_WITHOUT_GPU();
+  int seed = 1400;
+  struct Case {
+    int64_t q, n, seqlen;
+    int segments;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {128, 128, 4096 + 33, 1, DType::kBFloat16}, {128, 128, 5000, 5, DType::kFloat16},
+      {64, 64, 3000, 3, DType::kBFloat16},        {64, 128, 8192, 16, DType::kBFloat16},
+      {128, 16, 700, 1, DType::kBFloat16},        {128, 80, 1500, 2, DType::kFloat32},
+      {64, 32, 65, 1, DType::kBFloat16},          {128, 64, 129, 1, DType::kFloat16},
+  };
+  for (const Case& k : cases) {
+    for (bool with_seq : {false, true}) {
+      ProblemConfig c = base_config();
+      c.dtype = k.dtype;
+      c.dt_dtype = k.dtype == DType::kFloat16 ? DType::kFloat16 : DType::kFloat32;
+      c.chunk_size = k.q;
+      c.dstate = k.n;
+      c.seqlen = k.seqlen;
+      c.want_chunk_states = (seed % 2) == 0;
+      c.has_z = (seed % 3) != 0;
+      c.kernel_config = {0, 0, 0, k.segments, 2};
+      if (with_seq && k.seqlen > 8 * k.q) c.seq_starts = {{k.q * 8, k.q * 8 + 17, k.seqlen - 5}, {k.q * 3 + 1}};
+      else if (with_seq) c.seq_starts = {{1, k.seqlen / 2}};
+      c.seed = ++seed;
+      check_problem(c, "fused");
+    }
+  }
+  {
+    ProblemConfig c = base_config();
+    c.nheads = 8;
+    c.ngroups = 2;
+    c.d_mode = DMode::kPerHeadDim;
+    c.has_z = true;
+    c.has_dt_bias = true;
+    c.dt_softplus = true;
+    c.dt_min = 0.01f;
+    c.dt_max = 2.0f;
+    c.want_chunk_states = true;
+    c.state_dtype = DType::kFloat32;
+    c.initial_dtype = DType::kBFloat16;
+    c.final_dtype = DType::kBFloat16;
+    c.kernel_config = {0, 0, 0, 0, 2};
+    c.seed = ++seed;
+    check_problem(c, "fused-options");
+  }
+  for (int64_t q : {64, 128}) {
+    ProblemConfig v = base_config();
+    v.layout = Layout::kVarlen;
+    v.chunk_size = q;
+    v.seqlens = {70, 0, 1, 2000, 513, 40};
+    v.want_chunk_states = true;
+    v.has_z = true;
+    v.kernel_config = {0, 0, 0, 8, 2};
+    v.seed = ++seed;
+    check_problem(v, "fused-varlen");
+    ProblemConfig b = base_config();
+    b.batch = 1;
+    b.chunk_size = q;
+    b.seqlens = {5, 120, 64, 300, 1, 190};
+    b.seqlen = 680;
+    b.seq_starts = {starts_of(b.seqlens)};
+    b.want_varlen_states = true;
+    b.kernel_config = {0, 0, 0, 0, 2};
+    b.seed = ++seed;
+    check_problem(b, "fused-cu_seqlens");
   }
 }
 
@@ -662,8 +740,8 @@ TEST(Gpu, TuneStoresTheBestSettingAndForwardUsesIt) {
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(r.heuristic, before);
   // 4 fwd_pass_state settings, segments 2 and 4 (16 chunks: at most 4) + compute_out heads 1, 2,
-  // 4 (8 heads in one group).
-  EXPECT_EQ(r.measured.size(), 9u);
+  // 4 (8 heads in one group) + fused_walk in 1, 2 and 4 segments.
+  EXPECT_EQ(r.measured.size(), 12u);
   EXPECT_EQ(lines.size(), r.measured.size());
   for (const auto& m : r.measured) EXPECT_GT(m.ms, 0.0) << m.kernel << " " << m.setting;
   EXPECT_GT(r.best_ms, 0.0);

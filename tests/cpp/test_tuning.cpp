@@ -85,23 +85,24 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
 
 TEST(TuningJson, RoundTripAndUnknownFieldsAreSkipped) {
   std::map<std::string, TuningEntry> a;
-  a["dev|sm132|bf16|p64"] = {{32, 4, 2, 8}, 1.25, 1.5};
-  a["dev|sm132|f16|p128"] = {{64, 2, 1}, 0.5, 0.75};
+  a["dev|sm132|bf16|p64"] = {{32, 4, 2, 8, 2}, 1.25, 1.5};
+  a["dev|sm132|f16|p128"] = {{64, 2, 1, 0, 1}, 0.5, 0.75};
   const std::string text = detail::to_tuning_json(a);
   std::map<std::string, TuningEntry> b;
   std::string why;
   ASSERT_TRUE(detail::parse_tuning_json(text, b, &why)) << why;
   ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b["dev|sm132|bf16|p64"].config, (KernelConfig{32, 4, 2, 8}));
+  EXPECT_EQ(b["dev|sm132|bf16|p64"].config, (KernelConfig{32, 4, 2, 8, 2}));
   EXPECT_DOUBLE_EQ(b["dev|sm132|bf16|p64"].ms, 1.25);
-  EXPECT_EQ(b["dev|sm132|f16|p128"].config, (KernelConfig{64, 2, 1}));
-  // A later version's extra fields are ignored; an entry from before walk segments leaves them unset.
+  EXPECT_EQ(b["dev|sm132|f16|p128"].config, (KernelConfig{64, 2, 1, 0, 1}));
+  // A later version's extra fields are ignored; an entry from before walk segments leaves them
+  // unset, and one from before fused_walk was tuned on the two kernels (fused_walk 1).
   const std::string extra =
       "{\"version\": 1, \"note\": {\"x\": [1, 2, \"y\"]}, \"entries\": [{\"key\": \"k\", \"future\": true, "
       "\"pass_state_dstate_tile\": 64, \"pass_state_stages\": 4, \"compute_out_heads_per_cta\": 4}]}";
   std::map<std::string, TuningEntry> c;
   ASSERT_TRUE(detail::parse_tuning_json(extra, c, &why)) << why;
-  EXPECT_EQ(c["k"].config, (KernelConfig{64, 4, 4}));
+  EXPECT_EQ(c["k"].config, (KernelConfig{64, 4, 4, 0, 1}));
 }
 
 TEST(TuningJson, BadTextIsRejectedWithAReason) {
@@ -138,20 +139,20 @@ TEST(TuningCacheFile, StoredEntriesSurviveAResetAndOtherEntriesAreMerged) {
   auto& cache = detail::TuningCache::instance();
   EXPECT_EQ(cache.path(), tmp.path);
   EXPECT_FALSE(cache.find("a").has_value());
-  cache.store("a", {{32, 2, 1}, 1.0, 2.0}, true);
+  cache.store("a", {{32, 2, 1, 0, 1}, 1.0, 2.0}, true);
   // Another process adds an entry to the file meanwhile.
   {
     std::map<std::string, TuningEntry> other;
-    other["b"] = {{64, 4, 4}, 3.0, 3.0};
-    other["a"] = {{32, 2, 1}, 1.0, 2.0};
+    other["b"] = {{64, 4, 4, 4, 2}, 3.0, 3.0};
+    other["a"] = {{32, 2, 1, 0, 1}, 1.0, 2.0};
     std::ofstream(tmp.path) << detail::to_tuning_json(other);
   }
   cache.store("c", {{64, 2, 2}, 1.0, 1.0}, true);
   reset_tuning_cache();
   ASSERT_TRUE(cache.find("a").has_value());
-  EXPECT_EQ(cache.find("a")->config, (KernelConfig{32, 2, 1}));
+  EXPECT_EQ(cache.find("a")->config, (KernelConfig{32, 2, 1, 0, 1}));
   ASSERT_TRUE(cache.find("b").has_value());
-  EXPECT_EQ(cache.find("b")->config, (KernelConfig{64, 4, 4}));
+  EXPECT_EQ(cache.find("b")->config, (KernelConfig{64, 4, 4, 4, 2}));
   ASSERT_TRUE(cache.find("c").has_value());
   // Not persisted: gone after a reset.
   cache.store("d", {{64, 2, 2}, 1.0, 1.0}, false);
@@ -234,21 +235,26 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   auto pick = [](const ProblemShape& s, int64_t walks) {
     return detail::heuristic_config(s, walks, 132, detail::max_walk_segments(s, false));
   };
-  // anchor (4 rows, 8 heads): 32-column tiles up to dstate 128, 64 from 256 on, no segments
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 1}));
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 1}));
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 1}));
+  // anchor (4 rows, 8 heads): dstate 64 and 128 fused in 8 segments (two CTAs per SM) from 32
+  // chunks per walk on; else 32-column tiles up to dstate 128, 64 from 256 on, no segments
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
+  EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 1, 1}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 1, 1}));
   // dstate 64 with 128-token chunks: one head per compute_out CTA
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 1}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2}));
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 1, 1}));
   // a short sequence: one head per compute_out CTA (two would be under one wave)
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).compute_out_heads_per_cta, 1);
-  // the 2.7B layer and the 8-group layer
-  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1}));
-  EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64, 256), 8), (KernelConfig{64, 2, 2, 1}));
+  // the 2.7B layer and the 8-group layer (chunks of 256: not fused)
+  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
+  EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64, 256), 8), (KernelConfig{64, 2, 2, 1, 1}));
   // few walks: 64-column tiles in segments (16 CTAs -> 16 segments; 20 -> 13; 2 rows of dstate
   // 64 -> 16), at least 8 chunks each (16K tokens in 256-token chunks: 8 segments), at least 4
   EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).pass_state_segments, 16);
-  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128, 256), 1), (KernelConfig{64, 2, 2, 13}));
+  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128, 256), 1), (KernelConfig{64, 2, 2, 13, 1}));
+  EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).fused_walk, 2);
   EXPECT_EQ(pick(shape(2, 65536, 8, 1, 64), 2).pass_state_segments, 16);
   EXPECT_EQ(pick(shape(1, 16384, 10, 1, 128, 256), 1).pass_state_segments, 8);
   EXPECT_EQ(pick(shape(1, 2048, 8, 1, 128), 1).pass_state_segments, 1);  // 16 chunks: 2 would not pay
@@ -276,6 +282,7 @@ TEST(TuningValidate, ExplicitSettingsAreChecked) {
   expect_bad({0, 0, 3}, "kernel_config.compute_out_heads_per_cta", "got 3");
   expect_bad({0, 0, 0, 17}, "kernel_config.pass_state_segments", "1 to 16, got 17");
   expect_bad({0, 0, 0, -1}, "kernel_config.pass_state_segments", "got -1");
+  expect_bad({0, 0, 0, 0, 3}, "kernel_config.fused_walk", "1 (two kernels) or 2 (fused), got 3");
   expect_bad({0, 0, 8}, "kernel_config.compute_out_heads_per_cta", "1, 2 or 4 for headdim 64");
   c.headdim = 128;
   Problem prob128(c);

@@ -229,14 +229,17 @@ def test_gpu_tune_caches_the_best_setting(tmp_path, monkeypatch):
             r = mamba2_ssd.tune(x, dt, A, B, C, 128, D=A.new_ones(8), budget_seconds=30)
             after = mamba_chunk_scan_combined(x, dt, A, B, C, 128, D=A.new_ones(8))
         assert r["complete"] and r["key"]
-        # 4 fwd_pass_state settings, 2 walk segments (8 chunks: at most 2), heads 1/2/4
-        assert len(r["measured"]) == 8
+        # 4 fwd_pass_state settings, 2 walk segments (8 chunks: at most 2), heads 1/2/4, fused_walk
+        # in 1 and 2 segments
+        assert len(r["measured"]) == 10
+        assert r["best"]["fused_walk"] in (1, 2)
         assert 0 < r["best_ms"] <= r["heuristic_ms"]
         assert r["best"]["compute_out_heads_per_cta"] in (1, 2, 4)
         assert cache.exists() and r["key"] in cache.read_text()
         # Every setting computes the same values; walk segments add the states in another order
-        # (fp32), so with a different segment count they agree up to that rounding.
-        same_split = r["best"]["pass_state_segments"] == r["heuristic"]["pass_state_segments"]
+        # (fp32), and fused_walk rounds other intermediates, so those agree up to that rounding.
+        same_split = (r["best"]["pass_state_segments"] == r["heuristic"]["pass_state_segments"]
+                      and r["best"]["fused_walk"] == r["heuristic"]["fused_walk"])
         assert rel_l2(after, before) < (1e-6 if same_split else 1e-3)
         with pytest.raises(mamba2_ssd.UnsupportedError):
             mamba2_ssd.tune(x.cpu(), dt.cpu(), A.cpu(), B.cpu(), C.cpu(), 128)

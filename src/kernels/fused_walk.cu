@@ -1,0 +1,454 @@
+// fused_walk: the state walk and every chunk's output in one kernel; the chunk states stay on chip.
+//
+// One CTA (one warpgroup) per (walk, head, walk segment) walks the segment's chunks in order,
+// with the head's whole 64 x N state (headdim 64, dstate N <= 128) as a wgmma accumulator in
+// registers (fp32). For every chunk:
+//   H_s = H rounded to T, in shared memory (the B operand of C H^T);  then H *= carry
+//   for every 64-token block m of the chunk (t: its tokens):
+//     acc  = (C_m H_s^T) * exp2(cum_t)                    (0 for tokens of another sequence)
+//     acc += S_mj X_j  for j <= m,  S_mj = C_m B_j^T * exp2(min(cum_t - cum_s, 0)) * dt'_s, masked
+//     out_m = (acc + D x) * silu(z)                       (chunk_out::epilogue_heads)
+//   H += sum_m (X_m * w)^T B_m                            (x scaled per token in shared memory)
+// That is compute_out's output and fwd_pass_state's update for one head (see there for the
+// mask and the weights), without the chunk states' round trip through global memory (one store
+// and one load of every state) and without two kernels competing for the SMs.
+// A chunk's tiles (C, B and x of each block by TMA; its cum, dt' and w by bulk copies) fill one
+// buffer, refilled with the next chunk's once the chunk is done: the shared memory of a CTA is
+// kept small enough for two CTAs per SM, whose loads and steps overlap (one CTA per SM with a
+// double buffer took 2.5x longer per chunk: every step of the chain waits for its wgmma).
+// Parallelism is walks x heads x segments. Segments work as in fwd_pass_state: its sum-only
+// launch (64-column tiles) runs first, and segment k starts from the combined sums.
+#include "kernels/chunk_out.cuh"
+#include "kernels/kernels.hpp"
+#include "kernels/state_tile.cuh"
+#include "kernels/tensor_map.hpp"
+#include "kernels/tma.cuh"
+
+namespace mamba2_ssd::kernels {
+
+namespace {
+
+using namespace cute;
+using namespace chunk_out;
+namespace st = state_tile;
+
+// (n, token, group, row) for C and B, (p, token, head, row) for x; boxes of 64 x 64.
+struct FusedMaps {
+  CUtensorMap C, B, x;
+};
+
+// Byte offset of the pair of columns (8 k + 2 (lane % 4), + 1) of row t in a 64 x 64 16-bit tile
+// of 128-byte rows with the 128-byte swizzle (H_s's slices): the 16-byte chunk index is xor-ed
+// with t % 8, which is lane / 4 for both rows of a thread's fragment.
+__device__ __forceinline__ uint32_t pair_offset(int t, int k, int lane) {
+  return static_cast<uint32_t>(t * 128 + ((k ^ (lane / 4)) << 4) + (lane % 4) * 4);
+}
+
+template <class T, int NK>  // NK: 64-column dstate slices (1 or 2)
+struct Fused {
+  using Tr = Traits<T, 64>;
+  static constexpr int kN_state = NK * kN;
+  // The update's operands: X_m * w as (p, token), the X tile's layout (MN-major A), and B_m as
+  // (n, token) over its NK slices, the same bytes as the (token, n) slices of C B^T (MN-major B).
+  using LayoutBn = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<kN_state>, Int<kM>>{},
+                                          Step<_2, _1>{}));
+  using MmaUpd = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<T, T, float, Shape<_64, Int<kN_state>, Int<kM>>, GMMA::Major::MN, GMMA::Major::MN>()));
+  static constexpr int kSlice = kM * kN * 2;                 // one 64 x 64 tile: 8 KB
+  static constexpr int kBlockBytes = (2 * NK + 1) * kSlice;  // block m: C_m slices, B_m slices, X_m
+  static constexpr int kAccVals = 64 * kN_state / kThreads;
+};
+
+// The chunk buffer: [block m: C_m, B_m, X_m] for m < q / 64, then cum, dt' and w (q floats each).
+__host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
+  return ((q / kM) * block_bytes + 3 * q * 4 + 1023) / 1024 * 1024;
+}
+// The epilogue's fp32 staging (64 x 64, 16 KB): in C_m's tile once block m is done with it where
+// that is as large (NK = 2), else its own.
+template <int NK>
+constexpr int staging_bytes() { return NK == 2 ? 0 : kM * kN * 4; }
+
+// Shared memory: [chunk buffer][H_s: NK slices][y staging][D: 64][seq_idx: q][mbarriers: q / 64],
+// after up to 1 KB of alignment.
+template <class T, int NK>
+constexpr int fused_smem_bytes(int q) {
+  using F = Fused<T, NK>;
+  return 1024 + buffer_bytes(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
+         (q / kM) * 8;
+}
+
+template <class T, int NK>
+__global__ void __launch_bounds__(kThreads, 2) fused_walk_kernel(const SsdParams p, const __grid_constant__ FusedMaps maps) {
+  using F = Fused<T, NK>;
+  using Tr = typename F::Tr;
+  extern __shared__ __align__(1024) char smem_raw[];
+  char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int q = p.chunk, nb = q / kM;
+  const int64_t h = blockIdx.y;
+  const int seg = static_cast<int>(blockIdx.z % p.nseg);
+  const Walk walk = make_walk(p, blockIdx.z / p.nseg);
+  const int64_t grp = h / p.heads_per_group;
+  const int64_t c_begin = static_cast<int64_t>(seg) * p.seg_chunks;
+  if (seg > 0 && c_begin >= walk.nchunks) return;  // a short sequence's empty segment (varlen)
+  const int64_t c_end = p.nseg > 1 ? min(c_begin + p.seg_chunks, walk.nchunks) : walk.nchunks;
+  const int n_local = static_cast<int>(c_end - c_begin);
+
+  char* s_buf = smem;                                              // the chunk buffer
+  char* s_h = smem + buffer_bytes(F::kBlockBytes, q);              // H_s: NK slices (p, n)
+  float* s_y_own = reinterpret_cast<float*>(s_h + NK * F::kSlice);  // staging (NK = 1)
+  float* s_d = s_y_own + staging_bytes<NK>() / 4;                  // [64]
+  int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + 64);          // [q]
+  uint64_t* bars = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(s_seq + q) + 7) & ~uintptr_t{7});
+  if (tid == 0) {
+    for (int b = 0; b < nb; ++b) tma::mbar_init(bars + b, 1);  // one per block
+    tma::fence_mbar_init();
+  }
+  if (p.D != nullptr && tid < 64) s_d[tid] = p.D[h * p.D_sh + tid * p.D_sp];
+  __syncthreads();
+
+  // ---- producer (thread 0): chunk c_rel's tiles and weights into the buffer, one mbarrier per
+  // block (the weights on block 0's).
+  const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h);
+  auto issue_chunk = [&](int c_rel) {
+    if (c_rel >= n_local) return;
+    const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
+    char* buf = s_buf;
+    const int tok = static_cast<int>(ci.tok0);
+    for (int m = 0; m < nb; ++m) {
+      uint64_t* bar = bars + m;
+      char* blk = buf + m * F::kBlockBytes;
+      tma::mbar_arrive_expect(bar, F::kBlockBytes + (m == 0 ? 3 * q * 4 : 0));
+#pragma unroll
+      for (int ks = 0; ks < NK; ++ks) {
+        tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
+        tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
+      }
+      tma::load_4d(&maps.x, bar, blk + 2 * NK * F::kSlice, 0, tok + m * kM, h32, row32);
+      if (m == 0) {
+        const int64_t off = cum_offset(p, walk.row, h, walk.g0 + c_begin + c_rel);
+        float* meta = reinterpret_cast<float*>(buf + nb * F::kBlockBytes);
+        tma::load_bulk(meta, p.cum + off, q * 4, bar);
+        tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
+        tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+      }
+    }
+  };
+  if (tid == 0) issue_chunk(0);
+
+  // ---- the state entering the segment
+  typename F::MmaUpd mma_up;
+  auto thr_up = mma_up.get_slice(tid);
+  Tensor hacc = partition_fragment_C(mma_up, Shape<_64, Int<F::kN_state>>{});
+  static_assert(decltype(size(hacc))::value == F::kAccVals, "state fragment size");
+  if (seg == 0 && p.init != nullptr) {
+    const void* src = static_cast<const char*>(p.init) +
+                      (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
+    st::load_tile(hacc, src, p.init_dtype, p.init_sp, 0, 0, p);
+  } else if (seg > 0) {
+    // T_1 = sum_0, T_k = carry_{k-1} T_{k-1} + sum_{k-1} (fwd_pass_state's sums: 64 x 64 tiles in
+    // fragment order; value v of this 64 x N fragment is value v % 32 of tile v / 32).
+    const int64_t base = (walk.walk * p.nheads + h) * (p.nseg - 1);
+    auto sum_at = [&](int k, int v) {
+      return p.seg_sums[(((base + k) * p.ready_tiles + (v >> 5)) * 32 + (v & 31)) * kThreads + tid];
+    };
+#pragma unroll
+    for (int v = 0; v < F::kAccVals; ++v) hacc(v) = sum_at(0, v);
+#pragma unroll 1
+    for (int k = 1; k < seg; ++k) {
+      const float f = p.seg_carry[base + k];
+#pragma unroll
+      for (int v = 0; v < F::kAccVals; ++v) hacc(v) = fmaf(f, hacc(v), sum_at(k, v));
+    }
+  } else {
+    clear(hacc);
+  }
+
+  typename Tr::MmaCB mma_cb;
+  typename Tr::MmaCH mma_ch;
+  typename Tr::MmaSX mma_sx;
+  auto thr_cb = mma_cb.get_slice(tid);
+  auto thr_ch = mma_ch.get_slice(tid);
+  auto thr_sx = mma_sx.get_slice(tid);
+  Tensor cb = partition_fragment_C(mma_cb, Shape<Int<kM>, Int<kN>>{});
+  using AccFrag = decltype(partition_fragment_C(mma_ch, Shape<Int<kM>, Int<64>>{}));
+  AccFrag acc[1];
+  using SFrag = decltype(make_tensor<T>(partition_shape_A(mma_sx, Shape<Int<kM>, Int<kN>>{})));
+  SFrag sf;
+  constexpr int kCbVals = kM * kN / kThreads;
+  const int ra = acc_row(0), rb = acc_row(2);
+  // Thread v = tid + 128 it of the X * w scaling owns the 16-byte vector at token v / 8, columns
+  // 8 (v % 8) of a block's (p, token) tile; its offset advances by 2048 bytes per iteration.
+  uint32_t off_x;
+  {
+    Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_buf)), typename Tr::LayoutX{});
+    off_x = static_cast<uint32_t>(reinterpret_cast<char*>(&sX((tid % 8) * 8, tid / 8)) - s_buf);
+  }
+  const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + walk.row * p.seq_sb : nullptr;
+  const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
+  const int64_t esz = dtype_size_dev(p.state_dtype);
+  uint32_t parity = 0;  // the phase of the block mbarriers to wait for
+  float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
+
+#pragma unroll 1
+  for (int c_rel = 0; c_rel < n_local; ++c_rel) {
+    const int64_t c = c_begin + c_rel;
+    const ChunkInfo ci = walk_chunk(p, walk, c);
+    char* buf = s_buf;
+    const float* s_cum = reinterpret_cast<const float*>(buf + nb * F::kBlockBytes);
+    const float* s_dtp = s_cum + q;
+    const float* s_w = s_cum + 2 * q;
+    const float carry = carry_next;
+    if (c_rel + 1 < n_local) carry_next = carry_walk[c + 1];  // a chunk ahead, off the chain
+    int32_t seq_prev = 0;
+    if (seq_row != nullptr) {
+      // (one token per thread, q <= 128, and no loop: a divergent loop here made ptxas serialize
+      // every wgmma of the kernel)
+      const int32_t* src = seq_row + (ci.tok0 + min(tid, ci.count - 1)) * p.seq_st;
+      if (tid < q) s_seq[tid] = tid < ci.count ? *src : 0;
+      seq_prev = ci.local > 0 ? seq_row[(ci.tok0 - 1) * p.seq_st] : 0;
+    }
+    // H_s = H in the compute type: (p, n) per 64-column slice (Tr::LayoutH: rows p of 128 bytes,
+    // swizzled). Value v is at row acc_row(v), column acc_col(v) of slice v / 32.
+#pragma unroll
+    for (int v = 0; v < F::kAccVals; v += 2) {
+      const T pair[2] = {from_float<T>(hacc(v)), from_float<T>(hacc(v + 1))};
+      *reinterpret_cast<uint32_t*>(s_h + (v >> 5) * F::kSlice + pair_offset(acc_row(v), (v >> 2) & 7, lane)) =
+          *reinterpret_cast<const uint32_t*>(pair);
+    }
+    fence_async_shared();
+    __syncthreads();  // H_s and s_seq written
+    warpgroup_fence_operand(hacc);
+#pragma unroll
+    for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= carry;
+    warpgroup_fence_operand(hacc);
+
+#pragma unroll 1
+    for (int m = 0; m < nb; ++m) {
+      char* blk = buf + m * F::kBlockBytes;
+      tma::mbar_wait(bars + m, parity);
+      // This thread's rows t of the block and their sequence bounds (compute_out's rules).
+      const int t0 = m * kM + ra, t1 = m * kM + rb;
+      int lo0 = 0, lo1 = 0;
+      bool sees0 = true, sees1 = true;
+      if (seq_row != nullptr) {
+        const int last = ci.count - 1;
+        auto first_of = [&](int t) {
+          const int32_t v = s_seq[min(t, last)];
+          int lo = 0, hi = min(t, last);
+          while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (s_seq[mid] < v) lo = mid + 1; else hi = mid;
+          }
+          return lo;
+        };
+        lo0 = first_of(t0);
+        lo1 = first_of(t1);
+        sees0 = s_seq[min(t0, last)] == seq_prev;
+        sees1 = s_seq[min(t1, last)] == seq_prev;
+      }
+
+      // ---- acc = (C_m H_s^T) * exp2(cum_t), and cb = C_m B_0^T in the same wgmma batch
+      auto issue_cb = [&](int j) {
+        const char* bj = buf + j * F::kBlockBytes;
+#pragma unroll
+        for (int ks = 0; ks < NK; ++ks) {
+          Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + ks * F::kSlice)), typename Tr::LayoutC{});
+          Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(bj + (NK + ks) * F::kSlice)),
+                                  typename Tr::LayoutB{});
+          wgmma_k(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb, ks == 0);
+        }
+      };
+      warpgroup_fence_operand(acc[0]);
+      warpgroup_fence_operand(cb);
+      warpgroup_arrive();
+#pragma unroll
+      for (int ks = 0; ks < NK; ++ks) {
+        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + ks * F::kSlice)), typename Tr::LayoutC{});
+        Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_h + ks * F::kSlice)), typename Tr::LayoutH{});
+        wgmma_k(mma_ch, thr_ch.partition_fragment_A(sC), thr_ch.partition_fragment_B(sH), acc[0], ks == 0);
+      }
+      issue_cb(0);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc[0]);
+      warpgroup_fence_operand(cb);
+      {
+        const float f0 = sees0 ? fast_exp2(fminf(s_cum[t0], 0.0f)) : 0.0f;
+        const float f1 = sees1 ? fast_exp2(fminf(s_cum[t1], 0.0f)) : 0.0f;
+#pragma unroll
+        for (int v = 0; v < decltype(size(acc[0]))::value; ++v) acc[0](v) *= ((v >> 1) & 1) ? f1 : f0;
+      }
+      const float ct0 = s_cum[t0], ct1 = s_cum[t1];
+
+      // ---- acc += S_mj X_j for the blocks j <= m; C_m B_{j+1}^T is issued with S_mj X_j (the last
+      // j is peeled off: a wgmma under a run-time condition makes ptxas serialize all of them)
+      // S: keep lo_t <= s <= t (columns c of block j: s = 64 j + c). The fragment orders of the
+      // fp32 accumulator and of the 16-bit A operand coincide (see compute_out).
+      auto make_s = [&](int j) {
+        const int hi0 = t0 - j * kN, hi1 = t1 - j * kN;
+        const int lw0 = lo0 - j * kN, lw1 = lo1 - j * kN;
+        const float* c_j = s_cum + j * kN;
+        const float* d_j = s_dtp + j * kN;
+#pragma unroll
+        for (int k = 0; k < kN / 8; ++k) {
+          const int col = 8 * k + 2 * (lane % 4);
+          const float2 cs = *reinterpret_cast<const float2*>(c_j + col);
+          const float2 ds = *reinterpret_cast<const float2*>(d_j + col);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float ct = r ? ct1 : ct0;
+            const int hi = r ? hi1 : hi0, lw = r ? lw1 : lw0;
+            const int v = 4 * k + 2 * r;
+            const bool k0 = col <= hi && col >= lw, k1 = col + 1 <= hi && col + 1 >= lw;
+            sf(v) = from_float<T>(k0 ? cb(v) * fast_exp2(fminf(ct - cs.x, 0.0f)) * ds.x : 0.0f);
+            sf(v + 1) = from_float<T>(k1 ? cb(v + 1) * fast_exp2(fminf(ct - cs.y, 0.0f)) * ds.y : 0.0f);
+          }
+        }
+        static_assert(decltype(size(sf))::value == kCbVals, "S fragment size");
+        warpgroup_fence_operand(sf);
+      };
+      auto issue_sx = [&](int j) {
+        Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(buf + j * F::kBlockBytes + 2 * NK * F::kSlice)),
+                                typename Tr::LayoutX{});
+        wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[0], false);
+      };
+#pragma unroll 1
+      for (int j = 0; j < m; ++j) {
+        make_s(j);
+        warpgroup_fence_operand(acc[0]);
+        warpgroup_fence_operand(cb);
+        warpgroup_arrive();
+        issue_sx(j);
+        issue_cb(j + 1);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc[0]);
+        warpgroup_fence_operand(cb);
+      }
+      make_s(m);
+      warpgroup_fence_operand(acc[0]);
+      warpgroup_arrive();
+      issue_sx(m);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc[0]);
+
+      // ---- out_m (x for D x from X_m in the buffer; the staging in C_m's tile, now unused:
+      // every wgmma that read it has completed, each needing all four warps). A TMA store of
+      // the block from shared memory instead was 3-7% slower on the H200 (2026-11-30).
+      const char* x_m = blk + 2 * NK * F::kSlice;
+      auto x_tile_of = [&](int) -> const char* { return x_m; };
+      float* s_y = NK == 2 ? reinterpret_cast<float*>(blk) : s_y_own;
+      epilogue_heads<T, 64, 1>(p, acc, s_y, s_d, x_tile_of, ci, m, h, 1);
+    }
+    parity ^= 1u;
+
+    // ---- H += sum_m (X_m * w)^T B_m, X_m scaled in place once every block's output is done
+    __syncthreads();
+#pragma unroll 1
+    for (int m = 0; m < nb; ++m) {
+      char* x_m = buf + m * F::kBlockBytes + 2 * NK * F::kSlice;
+#pragma unroll
+      for (int it = 0; it < 4; ++it) {
+        const float w = s_w[m * kM + tid / 8 + 16 * it];
+        uint4* ptr = reinterpret_cast<uint4*>(x_m + off_x + it * 2048);
+        uint4 raw = *ptr;
+        T* vals = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) vals[e] = from_float<T>(to_float<T>(vals[e]) * w);
+        *ptr = raw;
+      }
+    }
+    fence_async_shared();
+    __syncthreads();
+    warpgroup_fence_operand(hacc);
+    warpgroup_arrive();
+#pragma unroll 1
+    for (int m = 0; m < nb; ++m) {
+      char* blk = buf + m * F::kBlockBytes;
+      Tensor sXw = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + 2 * NK * F::kSlice)), typename Tr::LayoutX{});
+      Tensor sBn = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + NK * F::kSlice)), typename F::LayoutBn{});
+      wgmma_k(mma_up, thr_up.partition_fragment_A(sXw), thr_up.partition_fragment_B(sBn), hacc, false);
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(hacc);
+    // The state after chunk c, where the caller wants the chunk states.
+    if (p.states != nullptr) {
+      char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) * esz;
+      st::store_tile(hacc, dst, p.state_dtype, p.st_sp, 0, 0, p);
+    }
+    // Refill the buffer with the next chunk once every thread is done reading it (generic
+    // accesses ordered before the TMA writes).
+    fence_async_shared();
+    __syncthreads();
+    if (tid == 0) issue_chunk(c_rel + 1);
+  }
+  if (p.final_states != nullptr && c_end == walk.nchunks) {
+    char* dst = static_cast<char*>(p.final_states) +
+                (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
+    st::store_tile(hacc, dst, p.fin_dtype, p.fin_sp, 0, 0, p);
+  }
+}
+
+template <class T, int NK>
+void launch_typed(const SsdParams& p, const FusedMaps& maps, int64_t walks, cudaStream_t stream) {
+  auto kernel = fused_walk_kernel<T, NK>;
+  const int smem = fused_smem_bytes<T, NK>(p.chunk);
+  static int attr_bytes = 0;  // per instantiation
+  if (smem > attr_bytes) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(fused_walk)");
+    attr_bytes = smem;
+  }
+  const dim3 grid(1, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
+  kernel<<<grid, kThreads, smem, stream>>>(p, maps);
+  check_cuda(cudaGetLastError(), "launch fused_walk");
+}
+
+}  // namespace
+
+bool fused_walk_supported(const SsdParams& p) {
+  return p.headdim == 64 && p.dstate <= 128 && (p.chunk == 64 || p.chunk == 128);
+}
+
+void launch_fused_walk(const SsdParams& p, cudaStream_t stream) {
+  if (!fused_walk_supported(p)) {
+    throw_launch_error("fused_walk: takes headdim 64, dstate <= 128 and chunk 64 or 128, got headdim " +
+                       std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) + ", chunk " +
+                       std::to_string(p.chunk));
+  }
+  const int64_t walks = p.varlen ? p.nseq : p.batch;
+  if (walks == 0 || p.nheads == 0) return;
+  if (walks * p.nseg > 65535) {
+    throw_launch_error("fused_walk: at most 65535 walks x segments per launch, got " + std::to_string(walks * p.nseg));
+  }
+  if (p.nseg > 1 && p.ready_tiles != (p.dstate + 63) / 64) {
+    throw_launch_error("fused_walk: the segment sums must be in 64-column tiles (SsdParams::ready_tiles " +
+                       std::to_string(p.ready_tiles) + ")");
+  }
+  FusedMaps maps{};
+  const uint32_t box[4] = {64, 64, 1, 1};
+  {
+    const int64_t dims[4] = {p.dstate, p.seqlen, p.ngroups, p.batch};
+    const int64_t strides_b[3] = {2 * p.B_st, 2 * p.B_sg, 2 * p.B_sb};
+    maps.B = make_tile_map_16bit(p.B, 4, dims, strides_b, box, "fused_walk B");
+    const int64_t strides_c[3] = {2 * p.C_st, 2 * p.C_sg, 2 * p.C_sb};
+    maps.C = make_tile_map_16bit(p.C, 4, dims, strides_c, box, "fused_walk C");
+  }
+  {
+    const int64_t dims[4] = {p.headdim, p.seqlen, p.nheads, p.batch};
+    const int64_t strides[3] = {2 * p.x_st, 2 * p.x_sh, 2 * p.x_sb};
+    maps.x = make_tile_map_16bit(p.x, 4, dims, strides, box, "fused_walk x");
+  }
+  if (p.dstate <= 64) {
+    if (p.fp16) launch_typed<cutlass::half_t, 1>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 1>(p, maps, walks, stream);
+  } else {
+    if (p.fp16) launch_typed<cutlass::half_t, 2>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 2>(p, maps, walks, stream);
+  }
+}
+
+}  // namespace mamba2_ssd::kernels
