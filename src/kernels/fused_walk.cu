@@ -8,7 +8,7 @@
 //     acc  = (C_m H_s^T) * exp2(cum_t)                    (0 for tokens of another sequence)
 //     acc += S_mj X_j  for j <= m,  S_mj = C_m B_j^T * exp2(min(cum_t - cum_s, 0)) * dt'_s, masked
 //     out_m = (acc + D x) * silu(z)                       (chunk_out::epilogue_heads)
-//   H += sum_m (X_m * w)^T B_m                            (x scaled per token in shared memory)
+//     H   += (X_m * w)^T B_m                              (x scaled per token in registers)
 // That is compute_out's output and fwd_pass_state's update for one head (see there for the
 // mask and the weights), without the chunk states' round trip through global memory (one store
 // and one load of every state) and without two kernels competing for the SMs.
@@ -48,12 +48,13 @@ template <class T, int NK>  // NK: 64-column dstate slices (1 or 2)
 struct Fused {
   using Tr = Traits<T, 64>;
   static constexpr int kN_state = NK * kN;
-  // The update's operands: X_m * w as (p, token), the X tile's layout (MN-major A), and B_m as
-  // (n, token) over its NK slices, the same bytes as the (token, n) slices of C B^T (MN-major B).
+  // The update's operands: X_m * w as (p, token) in registers (A, loaded from the X tile with
+  // transposing ldmatrix and scaled there), and B_m as (n, token) over its NK slices, the same
+  // bytes as the (token, n) slices of C B^T (MN-major B).
   using LayoutBn = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<kN_state>, Int<kM>>{},
                                           Step<_2, _1>{}));
   using MmaUpd = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<T, T, float, Shape<_64, Int<kN_state>, Int<kM>>, GMMA::Major::MN, GMMA::Major::MN>()));
+      GMMA::rs_op_selector<T, T, float, Shape<_64, Int<kN_state>, Int<kM>>, GMMA::Major::K, GMMA::Major::MN>()));
   static constexpr int kSlice = kM * kN * 2;                 // one 64 x 64 tile: 8 KB
   static constexpr int kBlockBytes = (2 * NK + 1) * kSlice;  // block m: C_m slices, B_m slices, X_m
   static constexpr int kAccVals = 64 * kN_state / kThreads;
@@ -177,13 +178,13 @@ __global__ void __launch_bounds__(kThreads, 2) fused_walk_kernel(const SsdParams
   SFrag sf;
   constexpr int kCbVals = kM * kN / kThreads;
   const int ra = acc_row(0), rb = acc_row(2);
-  // Thread v = tid + 128 it of the X * w scaling owns the 16-byte vector at token v / 8, columns
-  // 8 (v % 8) of a block's (p, token) tile; its offset advances by 2048 bytes per iteration.
-  uint32_t off_x;
-  {
-    Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_buf)), typename Tr::LayoutX{});
-    off_x = static_cast<uint32_t>(reinterpret_cast<char*>(&sX((tid % 8) * 8, tid / 8)) - s_buf);
-  }
+  // The update's A operand: X_m^T (p, token) in registers, and the token of each of its values.
+  using XFrag = decltype(make_tensor<T>(partition_shape_A(mma_up, Shape<_64, Int<kM>>{})));
+  XFrag xw;
+  auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma_up);
+  auto thr_x_copy = x_copy.get_slice(tid);
+  Tensor xw_dst = thr_x_copy.retile_D(xw);
+  Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));  // (p, token) of each value
   const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + walk.row * p.seq_sb : nullptr;
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
   const int64_t esz = dtype_size_dev(p.state_dtype);
@@ -341,39 +342,27 @@ __global__ void __launch_bounds__(kThreads, 2) fused_walk_kernel(const SsdParams
       auto x_tile_of = [&](int) -> const char* { return x_m; };
       float* s_y = NK == 2 ? reinterpret_cast<float*>(blk) : s_y_own;
       epilogue_heads<T, 64, 1>(p, acc, s_y, s_d, x_tile_of, ci, m, h, 1);
-    }
-    parity ^= 1u;
 
-    // ---- H += sum_m (X_m * w)^T B_m, X_m scaled in place once every block's output is done
-    __syncthreads();
-#pragma unroll 1
-    for (int m = 0; m < nb; ++m) {
-      char* x_m = buf + m * F::kBlockBytes + 2 * NK * F::kSlice;
+      // ---- H += (X_m * w)^T B_m: X_m^T into registers (transposing ldmatrix), times w per token
+      {
+        Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(x_m)), typename Tr::LayoutX{});
+        copy(x_copy, thr_x_copy.partition_S(sX), xw_dst);
+        const float* w_m = s_w + m * kM;
 #pragma unroll
-      for (int it = 0; it < 4; ++it) {
-        const float w = s_w[m * kM + tid / 8 + 16 * it];
-        uint4* ptr = reinterpret_cast<uint4*>(x_m + off_x + it * 2048);
-        uint4 raw = *ptr;
-        T* vals = reinterpret_cast<T*>(&raw);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) vals[e] = from_float<T>(to_float<T>(vals[e]) * w);
-        *ptr = raw;
+        for (int i = 0; i < decltype(size(xw))::value; ++i) {
+          xw(i) = from_float<T>(to_float<T>(xw(i)) * w_m[get<1>(x_tok(i))]);
+        }
+        Tensor sBn = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + NK * F::kSlice)), typename F::LayoutBn{});
+        warpgroup_fence_operand(xw);
+        warpgroup_fence_operand(hacc);
+        warpgroup_arrive();
+        wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(hacc);
       }
     }
-    fence_async_shared();
-    __syncthreads();
-    warpgroup_fence_operand(hacc);
-    warpgroup_arrive();
-#pragma unroll 1
-    for (int m = 0; m < nb; ++m) {
-      char* blk = buf + m * F::kBlockBytes;
-      Tensor sXw = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + 2 * NK * F::kSlice)), typename Tr::LayoutX{});
-      Tensor sBn = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + NK * F::kSlice)), typename F::LayoutBn{});
-      wgmma_k(mma_up, thr_up.partition_fragment_A(sXw), thr_up.partition_fragment_B(sBn), hacc, false);
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(hacc);
+    parity ^= 1u;
     // The state after chunk c, where the caller wants the chunk states.
     if (p.states != nullptr) {
       char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) * esz;
