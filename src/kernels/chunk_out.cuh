@@ -81,11 +81,13 @@ __device__ __forceinline__ float4 load4_16(const void* ptr) {
 // them back four columns per lane, 16 lanes per row, so x, z and out move as 8- or 16-byte
 // vectors along a row (coalesced). The staging selects the head's registers; the reading code
 // exists once for all heads.
-// x for D x (16-bit inputs): from the X_hm tile in shared memory that x_tile_of(h) returns, or
-// from global memory where it returns nullptr; fp32 inputs: the original fp32 x.
-template <class T, int P, int HB, class AccFrag, class XTileOf>
+// x for D x (16-bit inputs): from the X_hm tile in shared memory at x_tile(h) where x_in_smem(h),
+// else from global memory; fp32 inputs: the original fp32 x. (Two functions, the address always
+// computed: a pointer that is null where the tile is gone made compute_out spill.)
+template <class T, int P, int HB, class AccFrag, class XTile, class XInSmem>
 __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc)[HB], float* s_y, const float* s_d,
-                                               XTileOf x_tile_of, const ChunkInfo& ci, int m, int64_t h0, int nh) {
+                                               XTile x_tile, XInSmem x_in_smem, const ChunkInfo& ci, int m,
+                                               int64_t h0, int nh) {
   constexpr int kHalves = P / 64;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const bool io16 = p.io_dtype != DType::kFloat32;
@@ -124,10 +126,9 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
     const int pcol = 64 * half + 4 * c4;
     const bool has_d = p.D != nullptr, has_z = p.z != nullptr;
     const float4 d = has_d ? *reinterpret_cast<const float4*>(s_d + h * P + pcol) : make_float4(0.f, 0.f, 0.f, 0.f);
-    const char* x_head = io16 ? x_tile_of(h) : nullptr;
-    const bool x_smem = x_head != nullptr;
+    const bool x_smem = io16 && x_in_smem(h);
     // (headdim 128: the second 64-column box of X starts 8 KB into the tile)
-    const char* x_tile = x_smem ? x_head + half * (64 * kN * 2) + ((c4 & 1) << 3) : nullptr;
+    const char* x_tile_h = x_tile(h) + half * (64 * kN * 2) + ((c4 & 1) << 3);
     const int64_t tok = ci.tok0 + m * kM + row_first;  // item 0's token in the row
     const int64_t x_off = ci.row * p.x_sb + tok * p.x_st + hg * p.x_sh + pcol;
     const int64_t xf_off = ci.row * p.xf_sb + tok * p.xf_st + hg * p.xf_sh + pcol;
@@ -137,7 +138,7 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
     if (io16 && !has_z && x_smem) {
       // The common case, without per-item dtype branches: rows 2 i apart share the swizzle
       // phase (row_first + 2 i) % 8, with row_first % 8 = lane / 16.
-      const char* x_row = x_tile + 128 * row_first;
+      const char* x_row = x_tile_h + 128 * row_first;
       const float* y_row = s_y + row_first * 64;
       T* o_row = static_cast<T*>(p.out) + o_off;
       const int64_t o_step = 2 * p.out_st;
@@ -174,7 +175,7 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
         xv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         zv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (ok && has_d) {
-          if (x_smem) xv[u] = load4_16<T>(x_tile + 128 * tl + (((c4 >> 1) ^ (tl & 7)) << 4));
+          if (x_smem) xv[u] = load4_16<T>(x_tile_h + 128 * tl + (((c4 >> 1) ^ (tl & 7)) << 4));
           else if (io16) xv[u] = load4_16<T>(static_cast<const T*>(p.x) + x_off + 2 * i * p.x_st);
           else xv[u] = *reinterpret_cast<const float4*>(p.x_f32 + xf_off + 2 * i * p.xf_st);
         }

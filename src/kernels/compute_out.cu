@@ -451,10 +451,9 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   __syncthreads();  // every warp is done reading the masked CB
   // X_hm stays in the ring when its stage was not refilled (the tiles of the last `stages` steps;
   // `use` is the stage after the last step, X_hm of head h was the step nh - h before it).
-  auto x_tile_of = [&](int h) -> const char* {
-    return nh - h <= stages ? s_stages + ((use - nh + h + 4 * stages) % stages) * Tr::kStageBytes : nullptr;
-  };
-  epilogue_heads<T, P, HB>(p, acc, s_cbm, s_d, x_tile_of, ci, m, h0, nh);
+  auto x_tile = [&](int h) { return s_stages + ((use - nh + h + 4 * stages) % stages) * Tr::kStageBytes; };
+  auto x_in_smem = [&](int h) { return nh - h <= stages; };
+  epilogue_heads<T, P, HB>(p, acc, s_cbm, s_d, x_tile, x_in_smem, ci, m, h0, nh);
 }
 
 // The shared memory and registers of one SM.

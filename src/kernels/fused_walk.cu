@@ -339,9 +339,9 @@ __global__ void __launch_bounds__(kThreads, 2) fused_walk_kernel(const SsdParams
       // every wgmma that read it has completed, each needing all four warps). A TMA store of
       // the block from shared memory instead was 3-7% slower on the H200 (2026-11-30).
       const char* x_m = blk + 2 * NK * F::kSlice;
-      auto x_tile_of = [&](int) -> const char* { return x_m; };
       float* s_y = NK == 2 ? reinterpret_cast<float*>(blk) : s_y_own;
-      epilogue_heads<T, 64, 1>(p, acc, s_y, s_d, x_tile_of, ci, m, h, 1);
+      epilogue_heads<T, 64, 1>(
+          p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
 
       // ---- H += (X_m * w)^T B_m: X_m^T into registers (transposing ldmatrix), times w per token
       {
