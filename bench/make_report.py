@@ -166,9 +166,12 @@ METHOD = """\
   stages timed alone with CUDA events (launch gaps included). Each kernel's floor counts its own
   reads and writes, intermediates included (Triton: fp32 chunk states out of `_chunk_state_fwd`,
   states in C's dtype out of `_state_passing_fwd`, an fp32 CB matrix; ours: fp32 cum, dt', state weights and carries,
-  chunk states in the state dtype; see bench/roofline.py). Our compute_out runs alongside
-  fwd_pass_state (it waits per chunk for the states it needs), so their profiler times overlap:
-  each includes the time it shares the GPU with the other, and their sum exceeds the call's time.
+  chunk states in the state dtype; see bench/roofline.py). Where our call runs two kernels, compute_out
+  runs alongside fwd_pass_state (it waits per chunk for the states it needs), so their profiler
+  times overlap: each includes the time it shares the GPU with the other, and their sum exceeds
+  the call's time. Where it runs fused_walk (the walk and the output in one kernel), the segment
+  sums (`segment_sums`: fwd_pass_state's sum-only instantiation) run first, then fused_walk (the
+  v12 run, before these labels existed, shows them as `fwd_pass_state` and `other: ...fused_wa...`).
 """
 
 

@@ -173,7 +173,7 @@ def triton_kernel_floors(pr: Problem, copy_gbps: float, gemm_tflops: float) -> d
 
 
 def ours_kernel_floors(pr: Problem, copy_gbps: float, gemm_tflops: float, es_state: int = 2) -> dict:
-    """Our three kernels with the intermediates of src/kernels/common.cuh (SsdParams): chunk_cumsum
+    """Our kernels with the intermediates of src/kernels/common.cuh (SsdParams): chunk_cumsum
     writes cum, dt' and the state weight (fp32, [row][head][chunk][Q]) and the carry factor
     (fp32, [row][head][chunk]); fwd_pass_state reads x, B, the weights and carries and writes the
     chunk states (state_dtype, es_state bytes) and the final states; compute_out reads x, B, C,
@@ -189,6 +189,12 @@ def ours_kernel_floors(pr: Problem, copy_gbps: float, gemm_tflops: float, es_sta
     k["fwd_pass_state"] = (x + bc + cq * 4 + carry + fin * pr.es_init + st * es_state + fin * pr.es_final,
                            t["state"])
     k["compute_out"] = (x + 2 * bc + 2 * cq * 4 + st * es_state + Dby + z + x, t["cb"] + t["sx"] + t["ch"])
+    # fused_walk (the walk and the output in one kernel: no chunk states in memory) reads x, B, C,
+    # cum, dt', the weights and carries and writes out; its segment sums (fwd_pass_state's sum-only
+    # instantiation) read x, B, the weights and carries of the segments they sum (at most all).
+    k["fused_walk"] = (x + 2 * bc + 3 * cq * 4 + carry + fin * pr.es_init + Dby + z + x + fin * pr.es_final,
+                       t["cb"] + t["sx"] + t["ch"] + t["state"])
+    k["segment_sums"] = (x + bc + cq * 4 + carry, t["state"])
     return {name: floor_ms(by, fl, copy_gbps, gemm_tflops) for name, (by, fl) in k.items()}
 
 
@@ -202,6 +208,8 @@ TRITON_KERNEL_KEYS = [
 ]
 OURS_KERNEL_KEYS = [
     ("chunk_cumsum", "chunk_cumsum"),
+    ("fused_walk", "fused_walk"),
+    ("true>(", "segment_sums"),  # fwd_pass_state_kernel<..., kSumsOnly = true>
     ("fwd_pass_state", "fwd_pass_state"),
     ("compute_out", "compute_out"),
     ("chunk_offsets", "chunk_offsets"),

@@ -28,7 +28,9 @@ const char* layout_name(Layout l);
 // Optional tensors are absent when their data pointer is null.
 // Settings of the compiled GPU kernel variants (include/mamba2_ssd/tuning.hpp says how
 // forward() picks them). 0 means "not set". Every valid setting computes the same result, except
-// that a different walk segment count adds the chunk states in another order (fp32 rounding).
+// that a different walk segment count adds the chunk states in another order (fp32 rounding) and
+// fused_walk weights x instead of B per token before rounding to 16 bits for the state update
+// (another rounding of the same product).
 struct KernelConfig {
   int pass_state_dstate_tile = 0;     // fwd_pass_state: dstate columns per CTA, 32 or 64
   int pass_state_stages = 0;          // fwd_pass_state: load-ring depth, 2 or 4

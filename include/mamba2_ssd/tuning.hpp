@@ -8,7 +8,8 @@
 //   4. a heuristic.
 // The cache lives in memory and in a JSON file: $MAMBA2_SSD_TUNING_CACHE when set (the values
 // "", "0", "off" and "none" keep it in memory only), else $XDG_CACHE_HOME/mamba2_ssd/tuning.json,
-// else $HOME/.cache/mamba2_ssd/tuning.json. Every setting computes the same result.
+// else $HOME/.cache/mamba2_ssd/tuning.json. Every setting computes the same result, up to where
+// fp32 and 16-bit roundings happen (walk segments, fused_walk: see KernelConfig).
 #pragma once
 
 #include <cstddef>
@@ -27,9 +28,10 @@ std::string to_string(const KernelConfig& c);
 
 // One measured setting of one kernel. The two tuned kernels run alongside each other, so every
 // candidate is timed as a whole forward call: fwd_pass_state's candidates with compute_out at
-// the heuristic's setting, then compute_out's with the best fwd_pass_state setting.
+// the heuristic's setting, then compute_out's with the best fwd_pass_state setting, then
+// fused_walk's segment counts (where it applies).
 struct TuneMeasurement {
-  std::string kernel;   // "fwd_pass_state" or "compute_out"
+  std::string kernel;   // "fwd_pass_state", "compute_out" or "fused_walk"
   std::string setting;  // e.g. "nt=32 stages=4"
   double ms = 0.0;      // median GPU time of one forward call with it
 };
