@@ -66,6 +66,34 @@ __device__ __forceinline__ void wgmma_issue(Mma& mma, TA const& a, TB const& b, 
   warpgroup_commit_batch();
 }
 
+// With seq_idx, for the rows t0 and t1 of a chunk (s_seq: the chunk's seq_idx, non-decreasing;
+// slots past its `count` tokens hold 0, so rows there are clamped to the last token): the first
+// token of the row's sequence in the chunk (lo, by binary search) and whether the row belongs to
+// the sequence of the state entering the chunk (sees; seq_prev: the sequence of the token before).
+struct RowSequences {
+  int lo0 = 0, lo1 = 0;
+  bool sees0 = true, sees1 = true;
+};
+__device__ __forceinline__ RowSequences row_sequences(const int32_t* s_seq, int count, int t0, int t1,
+                                                      int32_t seq_prev) {
+  const int last = count - 1;
+  auto first_of = [&](int t) {
+    const int32_t v = s_seq[min(t, last)];
+    int lo = 0, hi = min(t, last);
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (s_seq[mid] < v) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  };
+  RowSequences r;
+  r.lo0 = first_of(t0);
+  r.lo1 = first_of(t1);
+  r.sees0 = s_seq[min(t0, last)] == seq_prev;
+  r.sees1 = s_seq[min(t1, last)] == seq_prev;
+  return r;
+}
+
 // Four values of type T (8 bytes) or float (16 bytes) as floats.
 template <class T>
 __device__ __forceinline__ float4 load4_16(const void* ptr) {

@@ -270,27 +270,12 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
   for (int v = tid; v < nh * q; v += kThreads) s_dtp[v] = fast_log2(s_dtp[v]);
   const int ra = acc_row(0), rb = acc_row(2);                  // rows within the block
   const int t0 = m * kM + ra, t1 = m * kM + rb;                // rows within the chunk
-  int lo0 = 0, lo1 = 0;                                        // first token of the row's sequence
-  bool sees0 = true, sees1 = true;                             // the row sees the entering state
+  RowSequences rs;  // first token of each row's sequence; whether the row sees the entering state
   if (seq_row != nullptr) {
-    const int32_t seq_prev = ci.local > 0 ? seq_row[(ci.tok0 - 1) * p.seq_st] : 0;
-    const int last = ci.count - 1;
-    // seq_idx is non-decreasing: binary search for the first slot holding the row's value
-    // (slots past the chunk's end hold 0, so rows there are clamped to the last token).
-    auto first_of = [&](int t) {
-      const int32_t v = s_seq[min(t, last)];
-      int lo = 0, hi = min(t, last);
-      while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if (s_seq[mid] < v) lo = mid + 1; else hi = mid;
-      }
-      return lo;
-    };
-    lo0 = first_of(t0);
-    lo1 = first_of(t1);
-    sees0 = s_seq[min(t0, last)] == seq_prev;
-    sees1 = s_seq[min(t1, last)] == seq_prev;
+    rs = row_sequences(s_seq, ci.count, t0, t1, ci.local > 0 ? seq_row[(ci.tok0 - 1) * p.seq_st] : 0);
   }
+  const int lo0 = rs.lo0, lo1 = rs.lo1;
+  const bool sees0 = rs.sees0, sees1 = rs.sees1;
 
   typename Tr::MmaCB mma_cb;
   typename Tr::MmaCH mma_ch;

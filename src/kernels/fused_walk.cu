@@ -14,8 +14,9 @@
 // and one load of every state) and without two kernels competing for the SMs.
 // A chunk's tiles (C, B and x of each block by TMA; its cum, dt' and w by bulk copies) fill one
 // buffer, refilled with the next chunk's once the chunk is done: the shared memory of a CTA is
-// kept small enough for two CTAs per SM, whose loads and steps overlap (one CTA per SM with a
-// double buffer took 2.5x longer per chunk: every step of the chain waits for its wgmma).
+// kept small enough for two CTAs per SM, whose loads and steps overlap: every step of the chain
+// waits for its wgmma, and one CTA per SM with a double buffer made the anchor's long calls 1.4x
+// slower (docs/PERFORMANCE.md, v12).
 // Parallelism is walks x heads x segments. Segments work as in fwd_pass_state: its sum-only
 // launch (64-column tiles) runs first, and segment k starts from the combined sums.
 #include "kernels/chunk_out.cuh"
@@ -230,24 +231,10 @@ __global__ void __launch_bounds__(kThreads, 2) fused_walk_kernel(const SsdParams
       tma::mbar_wait(bars + m, parity);
       // This thread's rows t of the block and their sequence bounds (compute_out's rules).
       const int t0 = m * kM + ra, t1 = m * kM + rb;
-      int lo0 = 0, lo1 = 0;
-      bool sees0 = true, sees1 = true;
-      if (seq_row != nullptr) {
-        const int last = ci.count - 1;
-        auto first_of = [&](int t) {
-          const int32_t v = s_seq[min(t, last)];
-          int lo = 0, hi = min(t, last);
-          while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            if (s_seq[mid] < v) lo = mid + 1; else hi = mid;
-          }
-          return lo;
-        };
-        lo0 = first_of(t0);
-        lo1 = first_of(t1);
-        sees0 = s_seq[min(t0, last)] == seq_prev;
-        sees1 = s_seq[min(t1, last)] == seq_prev;
-      }
+      RowSequences rs;
+      if (seq_row != nullptr) rs = row_sequences(s_seq, ci.count, t0, t1, seq_prev);
+      const int lo0 = rs.lo0, lo1 = rs.lo1;
+      const bool sees0 = rs.sees0, sees1 = rs.sees1;
 
       // ---- acc = (C_m H_s^T) * exp2(cum_t), and cb = C_m B_0^T in the same wgmma batch
       auto issue_cb = [&](int j) {

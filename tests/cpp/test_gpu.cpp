@@ -220,6 +220,19 @@ ProblemConfig base_config() {
   return c;
 }
 
+// One row of packed sequences (cu_seqlens and seq_idx) asking for their final states
+// (varlen_states), in chunks of q tokens.
+ProblemConfig packed_sequences_config(int64_t q) {
+  ProblemConfig c = base_config();
+  c.batch = 1;
+  c.chunk_size = q;
+  c.seqlens = {5, 120, 64, 300, 1, 190};
+  c.seqlen = 680;
+  c.seq_starts = {starts_of(c.seqlens)};
+  c.want_varlen_states = true;
+  return c;
+}
+
 // ------------------------------------------------------------------ fixed option groups
 
 // The TMA map builder (host only; runs without a GPU): a map the driver refuses, or a machine
@@ -402,13 +415,7 @@ TEST(Gpu, FusedWalk) {
     v.kernel_config = {0, 0, 0, 8, 2};
     v.seed = ++seed;
     check_problem(v, "fused-varlen");
-    ProblemConfig b = base_config();
-    b.batch = 1;
-    b.chunk_size = q;
-    b.seqlens = {5, 120, 64, 300, 1, 190};
-    b.seqlen = 680;
-    b.seq_starts = {starts_of(b.seqlens)};
-    b.want_varlen_states = true;
+    ProblemConfig b = packed_sequences_config(q);
     b.kernel_config = {0, 0, 0, 0, 2};
     b.seed = ++seed;
     check_problem(b, "fused-cu_seqlens");
@@ -506,13 +513,7 @@ TEST(Gpu, SeqIdxInsideAndOnChunkEdges) {
 TEST(Gpu, BatchedCuSeqlensVarlenStates) {
   SKIP_WITHOUT_GPU();
   for (int64_t q : {64, 256}) {
-    ProblemConfig c = base_config();
-    c.batch = 1;
-    c.chunk_size = q;
-    c.seqlens = {5, 120, 64, 300, 1, 190};
-    c.seqlen = 680;
-    c.seq_starts = {starts_of(c.seqlens)};
-    c.want_varlen_states = true;
+    ProblemConfig c = packed_sequences_config(q);
     c.seed = 400 + q;
     check_problem(c, "cu_seqlens");
   }
