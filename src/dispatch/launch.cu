@@ -293,7 +293,7 @@ kernels::ComputeOutConfig compute_out_config(const kernels::SsdParams& k, const 
   return co;
 }
 
-// Everything before the two tuned kernels: fp32 input conversion, varlen chunk offsets, cumsum.
+// Everything before the walk and the output: fp32 input conversion, varlen chunk offsets, cumsum.
 void launch_prefix(const ForwardParams& p, const ProblemShape& s, const WorkspacePlan& w, char* ws,
                    const kernels::SsdParams& k, cudaStream_t stream) {
   const bool varlen = p.layout == Layout::kVarlen;
