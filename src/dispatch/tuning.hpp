@@ -34,9 +34,11 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // x 10 heads of the 2.7B layer, 64K: 546 -> 329 us). With more walks the call is bound by the
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
 // fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies and the
-// walks have at least 32 chunks (anchor dstate 64/128 from 4K tokens: 13-28% faster than the two
-// kernels; at 1K tokens, 8 chunks, 27% slower), with the segments that make about two CTAs per
-// SM (its shared memory fits two).
+// walks have at least 32 chunks (anchor dstate 64/128 from 4K tokens: 8-25% faster than the two
+// kernels; at 1K tokens, 8 chunks, 27-43% slower), with the segments that make about two CTAs
+// per SM (its shared memory fits two), and twice as many for dstate above 64 from 512 chunks per
+// walk (anchor dstate 128 at 64K: 687 us in 16 segments, 718 in 8, and the tuner's pick at 64K
+// and 256K; dstate 64 at 64K: 521 us in 8, 549 in 16).
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
 // of that mode (2 where fused_walk applies).
 inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments,
@@ -68,7 +70,9 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   const int64_t chunks_per_walk = s.nchunks * s.batch / std::max<int64_t>(walks, 1);  // varlen: the mean
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && chunks_per_walk >= 32))) {
     c.fused_walk = 2;
-    c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(2 * sm_count / walk_heads, 1, max_segments));
+    int64_t segments = 2 * sm_count / walk_heads;
+    if (s.dstate > 64 && chunks_per_walk >= 512) segments *= 2;
+    c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));
   }
   return c;
 }

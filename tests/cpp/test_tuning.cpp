@@ -236,8 +236,10 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
     return detail::heuristic_config(s, walks, 132, detail::max_walk_segments(s, false));
   };
   // anchor (4 rows, 8 heads): dstate 64 and 128 fused in 8 segments (two CTAs per SM) from 32
-  // chunks per walk on; else 32-column tiles up to dstate 128, 64 from 256 on, no segments
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
+  // chunks per walk on, 16 for dstate 128 from 512 chunks; else 32-column tiles up to dstate 128,
+  // 64 from 256 on, no segments
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 16, 2}));
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
   EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 1, 1}));
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
