@@ -5,8 +5,11 @@
 
 #include <cute/tensor.hpp>
 
+#include <string>
+
 #include "kernels/common.cuh"
 #include "kernels/state_tile.cuh"
+#include "kernels/tensor_map.hpp"
 
 namespace mamba2_ssd::kernels::chunk_out {
 
@@ -37,6 +40,25 @@ struct Traits {
   static constexpr int kSliceBytes = kM * kN * 2;   // one 64 x 64 slice of C_m
   static constexpr int kStageBytes = P * kN * 2;    // the largest streamed tile (H slice or X tile)
 };
+
+// The TMA maps of a chunk's inputs (host): C and B as (n, token, group, row), x as (p, token,
+// head, row), boxes of 64 x 64 (headdim 128: x in two loads); `kernel` names them in errors.
+struct ChunkInputMaps {
+  CUtensorMap C, B, x;
+};
+inline ChunkInputMaps make_chunk_input_maps(const SsdParams& p, const std::string& kernel) {
+  ChunkInputMaps maps{};
+  const uint32_t box[4] = {64, 64, 1, 1};
+  const int64_t dims_bc[4] = {p.dstate, p.seqlen, p.ngroups, p.batch};
+  const int64_t strides_b[3] = {2 * p.B_st, 2 * p.B_sg, 2 * p.B_sb};
+  maps.B = make_tile_map_16bit(p.B, 4, dims_bc, strides_b, box, (kernel + " B").c_str());
+  const int64_t strides_c[3] = {2 * p.C_st, 2 * p.C_sg, 2 * p.C_sb};
+  maps.C = make_tile_map_16bit(p.C, 4, dims_bc, strides_c, box, (kernel + " C").c_str());
+  const int64_t dims_x[4] = {p.headdim, p.seqlen, p.nheads, p.batch};
+  const int64_t strides_x[3] = {2 * p.x_st, 2 * p.x_sh, 2 * p.x_sb};
+  maps.x = make_tile_map_16bit(p.x, 4, dims_x, strides_x, box, (kernel + " x").c_str());
+  return maps;
+}
 
 // Two packed 16-bit values of type T as floats.
 template <class T>

@@ -546,19 +546,10 @@ void launch_heads(const SsdParams& p, int hb, const ComputeOutConfig& cfg, const
 TileMaps make_tile_maps(const SsdParams& p) {
   TileMaps maps{};
   const DType compute = p.fp16 ? DType::kFloat16 : DType::kBFloat16;
-  const uint32_t box64[4] = {64, 64, 1, 1};
-  {
-    const int64_t dims[4] = {p.dstate, p.seqlen, p.ngroups, p.batch};
-    const int64_t strides_b[3] = {2 * p.B_st, 2 * p.B_sg, 2 * p.B_sb};
-    maps.B = make_tile_map_16bit(p.B, 4, dims, strides_b, box64, "compute_out B");
-    const int64_t strides_c[3] = {2 * p.C_st, 2 * p.C_sg, 2 * p.C_sb};
-    maps.C = make_tile_map_16bit(p.C, 4, dims, strides_c, box64, "compute_out C");
-  }
-  {
-    const int64_t dims[4] = {p.headdim, p.seqlen, p.nheads, p.batch};
-    const int64_t strides[3] = {2 * p.x_st, 2 * p.x_sh, 2 * p.x_sb};
-    maps.x = make_tile_map_16bit(p.x, 4, dims, strides, box64, "compute_out x");
-  }
+  const ChunkInputMaps in = make_chunk_input_maps(p, "compute_out");
+  maps.C = in.C;
+  maps.B = in.B;
+  maps.x = in.x;
   const uint32_t box_h[5] = {64, static_cast<uint32_t>(p.headdim), 1, 1, 1};
   if (p.states != nullptr && p.state_dtype == compute) {
     const int64_t dims[5] = {p.dstate, p.headdim, p.nheads, p.nchunks, p.batch};

@@ -33,10 +33,6 @@ using namespace cute;
 using namespace chunk_out;
 namespace st = state_tile;
 
-// (n, token, group, row) for C and B, (p, token, head, row) for x; boxes of 64 x 64.
-struct FusedMaps {
-  CUtensorMap C, B, x;
-};
 
 // Byte offset of the pair of columns (8 k + 2 (lane % 4), + 1) of row t in a 64 x 64 16-bit tile
 // of 128-byte rows with the 128-byte swizzle (H_s's slices): the 16-byte chunk index is xor-ed
@@ -80,7 +76,8 @@ constexpr int fused_smem_bytes(int q) {
 }
 
 template <class T, int NK>
-__global__ void __launch_bounds__(kThreads, 2) fused_walk_kernel(const SsdParams p, const __grid_constant__ FusedMaps maps) {
+__global__ void __launch_bounds__(kThreads, 2)
+    fused_walk_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps) {
   using F = Fused<T, NK>;
   using Tr = typename F::Tr;
   extern __shared__ __align__(1024) char smem_raw[];
@@ -369,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 2) fused_walk_kernel(const SsdParams
 }
 
 template <class T, int NK>
-void launch_typed(const SsdParams& p, const FusedMaps& maps, int64_t walks, cudaStream_t stream) {
+void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks, cudaStream_t stream) {
   auto kernel = fused_walk_kernel<T, NK>;
   const int smem = fused_smem_bytes<T, NK>(p.chunk);
   static int attr_bytes = 0;  // per instantiation
@@ -404,20 +401,7 @@ void launch_fused_walk(const SsdParams& p, cudaStream_t stream) {
     throw_launch_error("fused_walk: the segment sums must be in 64-column tiles (SsdParams::ready_tiles " +
                        std::to_string(p.ready_tiles) + ")");
   }
-  FusedMaps maps{};
-  const uint32_t box[4] = {64, 64, 1, 1};
-  {
-    const int64_t dims[4] = {p.dstate, p.seqlen, p.ngroups, p.batch};
-    const int64_t strides_b[3] = {2 * p.B_st, 2 * p.B_sg, 2 * p.B_sb};
-    maps.B = make_tile_map_16bit(p.B, 4, dims, strides_b, box, "fused_walk B");
-    const int64_t strides_c[3] = {2 * p.C_st, 2 * p.C_sg, 2 * p.C_sb};
-    maps.C = make_tile_map_16bit(p.C, 4, dims, strides_c, box, "fused_walk C");
-  }
-  {
-    const int64_t dims[4] = {p.headdim, p.seqlen, p.nheads, p.batch};
-    const int64_t strides[3] = {2 * p.x_st, 2 * p.x_sh, 2 * p.x_sb};
-    maps.x = make_tile_map_16bit(p.x, 4, dims, strides, box, "fused_walk x");
-  }
+  const ChunkInputMaps maps = make_chunk_input_maps(p, "fused_walk");
   if (p.dstate <= 64) {
     if (p.fp16) launch_typed<cutlass::half_t, 1>(p, maps, walks, stream);
     else launch_typed<cutlass::bfloat16_t, 1>(p, maps, walks, stream);
