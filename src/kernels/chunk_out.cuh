@@ -157,9 +157,7 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
     for (int hc = 0; hc < HB; ++hc) {
 #pragma unroll
       for (int hf = 0; hf < kHalves; ++hf) {
-        // (one accumulator and one pass: no condition, so that no wgmma register is read on a
-        // path the compiler takes as divergent; a wgmma after the epilogue would be serialized)
-        if ((HB == 1 && kHalves == 1) || (hc == h && hf == half)) {
+        if (hc == h && hf == half) {
           warpgroup_fence_operand(acc[hc]);
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
