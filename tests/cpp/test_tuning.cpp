@@ -223,6 +223,25 @@ TEST(TuningHeuristic, WalkSegmentsAllowed) {
   EXPECT_GE(detail::max_walk_segments(v, true), 4);
 }
 
+// fused_walk takes headdim 64, dstate up to 128 and chunks of 64 or 128 tokens; the dispatcher
+// runs the two kernels for anything else even when fused_walk = 2 is asked for, so this pins
+// that the GPU test Gpu.FusedWalk's shapes really take fused_walk (else it would check nothing
+// about it) and that the others do not.
+TEST(TuningHeuristic, FusedWalkApplies) {
+  auto shape = [](int64_t p, int64_t n, int64_t q) {
+    ProblemShape s;
+    s.headdim = p; s.dstate = n; s.chunk_size = q;
+    return s;
+  };
+  const int64_t fused_test[][2] = {{128, 128}, {64, 64}, {64, 128}, {128, 16}, {128, 80}, {64, 32}, {128, 64}};
+  for (const auto& qn : fused_test) {
+    EXPECT_TRUE(detail::fused_walk_applies(shape(64, qn[1], qn[0]))) << "chunk " << qn[0] << " dstate " << qn[1];
+  }
+  EXPECT_FALSE(detail::fused_walk_applies(shape(128, 128, 128)));  // headdim 128
+  EXPECT_FALSE(detail::fused_walk_applies(shape(64, 144, 128)));   // dstate above 128
+  EXPECT_FALSE(detail::fused_walk_applies(shape(64, 128, 256)));   // chunk 256
+}
+
 // The heuristic reproduces the tuner's H200 picks on the benchmark's shapes (tuning.hpp).
 TEST(TuningHeuristic, PicksOfTheH200Run) {
   auto shape = [](int64_t b, int64_t l, int64_t h, int64_t g, int64_t n, int64_t q = 128) {
