@@ -40,7 +40,8 @@ struct KernelConfig {
   int pass_state_segments = 0;
   // 1: the walk and the output as two kernels running side by side (fwd_pass_state, compute_out);
   // 2: as one kernel (fused_walk: the chunk states stay on chip; the segments above apply, the
-  // other settings do not) where it applies (headdim 64, dstate <= 128, chunk 64 or 128), else 1.
+  // other settings do not) where it applies (headdim 64, dstate <= 128, chunks of 64 or 128 tokens
+  // as the kernels run them, see chunk_size), else 1.
   int fused_walk = 0;
 
   bool operator==(const KernelConfig& o) const {
@@ -61,7 +62,10 @@ struct ForwardParams {
   TensorView A;       // (h)                                 fp32; expected <= 0
   TensorView B;       // (b, l, g, n) | (T, g, n)            dtype of x
   TensorView C;       // (b, l, g, n) | (T, g, n)            dtype of x
-  int64_t chunk_size = 0;  // tokens per chunk; the GPU runs 64, 128 and 256
+  // Tokens per chunk; the GPU runs 64, 128 and 256. It runs 256 as two chunks of 128 when no
+  // output depends on where chunks end (no chunk_states, chunk_offsets or batched varlen_states):
+  // the same result up to rounding (the chunk states are rounded at one more point).
+  int64_t chunk_size = 0;
 
   TensorView D;        // optional (h) or (h, p)             fp32: out += D * x
   TensorView z;        // optional like x, dtype of x:        out *= silu(z)

@@ -122,10 +122,27 @@ void check_device_once() {
   checked_device = dev;
 }
 
+// A validated call as its kernels run it: in chunks of kernel_chunk_size(p) tokens.
+struct KernelCall {
+  ForwardParams p;
+  ProblemShape s;
+};
+KernelCall kernel_call(const ForwardParams& p, const ProblemShape& s) {
+  KernelCall c{p, s};
+  const int64_t q = kernel_chunk_size(p);
+  if (q != p.chunk_size) {
+    c.p.chunk_size = q;
+    c.s.chunk_size = q;
+    c.s.nchunks = p.layout == Layout::kVarlen ? max_varlen_chunks(s.seqlen, s.nseq, q) : (s.seqlen + q - 1) / q;
+  }
+  return c;
+}
+
 }  // namespace
 
 std::size_t gpu_workspace_size(const ForwardParams& p, const ProblemShape& s) {
-  return plan_workspace(p, s).total;
+  const KernelCall c = kernel_call(p, s);
+  return plan_workspace(c.p, c.s).total;
 }
 
 bool gpu_present() {
@@ -383,8 +400,11 @@ DeviceId current_device_id() {
   return cached;
 }
 
-KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s, std::string* source,
+KernelConfig resolve_kernel_config(const ForwardParams& call_p, const ProblemShape& call_s, std::string* source,
                                    std::string* key_out) {
+  const KernelCall call = kernel_call(call_p, call_s);
+  const ForwardParams& p = call.p;
+  const ProblemShape& s = call.s;
   const DeviceId dev = current_device_id();
   KernelConfig c = p.kernel_config;
   std::string src = c == KernelConfig{} ? "" : "explicit";
@@ -414,9 +434,12 @@ KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s
   return c;
 }
 
-void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace, std::size_t workspace_bytes,
+void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace, std::size_t workspace_bytes,
                  CUstream_st* stream_handle) {
   check_device_once();
+  const KernelCall call = kernel_call(call_p, call_s);
+  const ForwardParams& p = call.p;
+  const ProblemShape& s = call.s;
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const WorkspacePlan w = plan_workspace(p, s);
   char* ws = static_cast<char*>(workspace);
@@ -445,10 +468,13 @@ void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
   launch_walk_and_output(p, k, fused, ps, co, stream);
 }
 
-TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspace, std::size_t workspace_bytes,
-                    CUstream_st* stream_handle, const TuneOptions& opt) {
+TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace,
+                    std::size_t workspace_bytes, CUstream_st* stream_handle, const TuneOptions& opt) {
   (void)workspace_bytes;
   check_device_once();
+  const KernelCall call = kernel_call(call_p, call_s);
+  const ForwardParams& p = call.p;
+  const ProblemShape& s = call.s;
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - t_start).count(); };

@@ -11,10 +11,52 @@
 
 namespace mamba2_ssd::detail {
 
+// The chunk length the kernels run a call in: a 256-token chunk runs as two of 128 where nothing
+// the call returns depends on where the chunks end (no chunk_states, no chunk_offsets, no batched
+// varlen_states, which mamba_ssm defines from the chunk a sequence ends in). The chunked algorithm
+// gives the same sums for any chunk length; the 16-bit chunk states are rounded at one more
+// point per 256 tokens. On the H200 (2026-11-30) the 2.7B and 8-group layers' calls took 4-37%
+// less time this way, with either kernel path (128-token chunks also let fused_walk run them).
+inline int64_t kernel_chunk_size(const ForwardParams& p) {
+  if (p.chunk_size != 256) return p.chunk_size;
+  const bool chunk_bound = p.chunk_states.present() || p.chunk_offsets.present() ||
+                           (p.layout == Layout::kBatched && p.varlen_states.present());
+  return chunk_bound ? p.chunk_size : 128;
+}
+
 // fused_walk takes headdim 64, dstate up to 128 and chunks of 64 or 128 tokens (its state and
 // shared memory; kernels::fused_walk_supported checks the same at launch).
 inline bool fused_walk_applies(const ProblemShape& s) {
   return s.headdim == 64 && s.dstate <= 128 && (s.chunk_size == 64 || s.chunk_size == 128);
+}
+
+// fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks: the count
+// with the least modelled time, in units of one chunk of a CTA that shares its SM with another
+// (two fit per SM). The CTAs run in waves of 2 x sm_count, each wave costing its segment length
+// plus 1.5 chunks of start-up; where all CTAs fit one per SM they run alone, 1.5x faster (anchor
+// dstate 128, 64K tokens: 987 us in 1 CTA per SM, 749 in 2). The segment sums (one read of B and x)
+// cost about 0.3 of fused_walk's time per chunk (anchor 64K: 0.152 against 0.478 ms), for all
+// segments but the last. Fitted to the H200's times of 1-8 segments on the 2.7B layer's calls
+// (2026-11-30): it picks their fastest (1 row x 80 heads x 64 chunks: 3, 212 us against 294 in 2
+// and 246 in 8; 4 rows: 4, 754 us against 961 in 1; 8 rows x 64 heads x 32 chunks, 8 groups: 1,
+// 422 us against 481 in 2) and the anchor's (8 segments at 4K-64K tokens).
+inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int sm_count, int max_segments) {
+  const int64_t slots = 2 * static_cast<int64_t>(sm_count);
+  const double sums_per_segment = 0.3 * static_cast<double>(walk_heads * chunks) / static_cast<double>(slots);
+  int64_t best = 1;
+  double best_cost = 0.0;
+  for (int64_t seg = 1; seg <= std::max(max_segments, 1); ++seg) {
+    const int64_t ctas = walk_heads * seg;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double alone = ctas <= sm_count ? 0.66 : 1.0;
+    const double len = static_cast<double>((chunks + seg - 1) / seg) + 1.5;
+    const double cost = alone * static_cast<double>(waves) * len + sums_per_segment * static_cast<double>(seg - 1) / seg;
+    if (seg == 1 || cost < best_cost) {
+      best = seg;
+      best_cost = cost;
+    }
+  }
+  return best;
 }
 
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
@@ -35,8 +77,8 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
 // fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies and the
 // walks have at least 32 chunks (anchor dstate 64/128 from 4K tokens: 8-25% faster than the two
-// kernels; at 1K tokens, 8 chunks, 27-43% slower), with the segments that make about two CTAs
-// per SM (its shared memory fits two), and twice as many for dstate above 64 from 512 chunks per
+// kernels; at 1K tokens, 8 chunks, 27-43% slower), with the segments of fused_walk_segments
+// (about two CTAs per SM where the walks are few), and twice as many for dstate above 64 from 512 chunks per
 // walk (anchor dstate 128 at 64K: 687 us in 16 segments, 718 in 8, and the tuner's pick at 64K
 // and 256K; dstate 64 at 64K: 521 us in 8, 549 in 16).
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
@@ -70,7 +112,7 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   const int64_t chunks_per_walk = s.nchunks * s.batch / std::max<int64_t>(walks, 1);  // varlen: the mean
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && chunks_per_walk >= 32))) {
     c.fused_walk = 2;
-    int64_t segments = 2 * sm_count / walk_heads;
+    int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, sm_count, max_segments);
     if (s.dstate > 64 && chunks_per_walk >= 512) segments *= 2;
     c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));
   }

@@ -422,6 +422,51 @@ TEST(Gpu, FusedWalk) {
   }
 }
 
+// Chunks of 256 run as two of 128 (kernel_chunk_size; TuningHeuristic.KernelChunkSize pins
+// which calls split): sequence starts on and next to the 128-token boundaries inside a 256-token
+// chunk, both kernel paths (fused_walk for dstate 64/128, the two kernels for any dstate), fp16,
+// walk segments, and the varlen layout without chunk states (each sequence starting a chunk).
+TEST(Gpu, Chunk256RunsAs128) {
+  SKIP_WITHOUT_GPU();
+  int seed = 1500;
+  struct Case {
+    int64_t n, seqlen;
+    int segments, fused;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {128, 3000, 1, 2, DType::kBFloat16}, {64, 4096 + 200, 4, 2, DType::kFloat16},
+      {128, 2600, 3, 1, DType::kBFloat16}, {256, 1500, 1, 1, DType::kBFloat16},
+  };
+  for (const Case& k : cases) {
+    for (bool with_seq : {false, true}) {
+      ProblemConfig c = base_config();
+      c.dtype = k.dtype;
+      c.dt_dtype = k.dtype == DType::kFloat16 ? DType::kFloat16 : DType::kFloat32;
+      c.chunk_size = 256;
+      c.dstate = k.n;
+      c.seqlen = k.seqlen;
+      c.has_z = with_seq;
+      c.has_dt_bias = true;
+      c.dt_softplus = true;
+      c.kernel_config = {0, 0, 0, k.segments, k.fused};
+      if (with_seq) c.seq_starts = {{128, 256 + 127, 512 + 129, k.seqlen - 5}, {640}};
+      c.seed = ++seed;
+      check_problem(c, "chunk256");
+    }
+  }
+  for (int fused : {1, 2}) {
+    ProblemConfig v = base_config();
+    v.layout = Layout::kVarlen;
+    v.chunk_size = 256;
+    v.seqlens = {70, 0, 1, 2000, 513, 40, 4000};
+    v.has_z = true;
+    v.kernel_config = {0, 0, 0, 0, fused};
+    v.seed = ++seed;
+    check_problem(v, "chunk256-varlen");
+  }
+}
+
 // compute_out's load ring at each depth (chosen by shared memory per SM unless
 // MAMBA2_SSD_COMPUTE_OUT_STAGES sets it), on dstates that keep 1 to 8 C slices resident.
 TEST(Gpu, ComputeOutRingDepths) {

@@ -242,6 +242,44 @@ TEST(TuningHeuristic, FusedWalkApplies) {
   EXPECT_FALSE(detail::fused_walk_applies(shape(64, 128, 256)));   // chunk 256
 }
 
+// Chunks of 256 tokens run as two of 128 unless an output depends on where the chunks end.
+TEST(TuningHeuristic, KernelChunkSize) {
+  auto chunk = [](ProblemConfig c) {
+    Problem prob(c);
+    return detail::kernel_chunk_size(prob.params(Device::kCPU));
+  };
+  ProblemConfig c = small_config();
+  c.chunk_size = 256;
+  c.seqlen = 600;
+  c.has_z = true;
+  c.want_final_states = true;
+  c.seq_starts = {{100, 300}};
+  EXPECT_EQ(chunk(c), 128);
+  c.want_chunk_states = true;
+  EXPECT_EQ(chunk(c), 256);
+  c.want_chunk_states = false;
+  c.batch = 1;
+  c.seqlens = {100, 200, 300};
+  EXPECT_EQ(chunk(c), 128);  // cu_seqlens alone does not change what is returned
+  c.want_varlen_states = true;
+  EXPECT_EQ(chunk(c), 256);  // mamba_ssm's varlen_states start from the chunk a sequence ends in
+  ProblemConfig v = small_config();
+  v.layout = Layout::kVarlen;
+  v.chunk_size = 256;
+  v.seqlens = {100, 0, 700};
+  v.want_final_states = true;
+  EXPECT_EQ(chunk(v), 128);
+  v.want_chunk_states = true;
+  EXPECT_EQ(chunk(v), 256);
+  v.want_chunk_offsets = true;
+  EXPECT_EQ(chunk(v), 256);
+  for (int64_t q : {64, 128}) {
+    ProblemConfig s = small_config();
+    s.chunk_size = q;
+    EXPECT_EQ(chunk(s), q);
+  }
+}
+
 // The heuristic reproduces the tuner's H200 picks on the benchmark's shapes (tuning.hpp).
 TEST(TuningHeuristic, PicksOfTheH200Run) {
   auto shape = [](int64_t b, int64_t l, int64_t h, int64_t g, int64_t n, int64_t q = 128) {
@@ -268,13 +306,22 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 1, 1}));
   // a short sequence: one head per compute_out CTA (two would be under one wave)
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).compute_out_heads_per_cta, 1);
-  // the 2.7B layer and the 8-group layer (chunks of 256: not fused)
+  // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, 4 segments for 4
+  // rows x 80 heads (320 chains over 264 CTA slots: 2 waves of 64 chunks in 1 segment, 5 of 16
+  // in 4), 1 for 8 rows x 64 heads
+  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 4, 2}));
+  EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64), 8), (KernelConfig{64, 2, 1, 1, 2}));
+  EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1).fused_walk, 1);  // 16 chunks
+  EXPECT_EQ(pick(shape(1, 8192, 80, 1, 128), 1).pass_state_segments, 3);  // 240 CTAs, not 13 x 80
+  EXPECT_EQ(pick(shape(1, 65536, 80, 1, 128), 1).pass_state_segments, 6);
+  // chunks of 256 (when the chunk states are returned): not fused
   EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
-  EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64, 256), 8), (KernelConfig{64, 2, 2, 1, 1}));
   // few walks: 64-column tiles in segments (16 CTAs -> 16 segments; 20 -> 13; 2 rows of dstate
   // 64 -> 16), at least 8 chunks each (16K tokens in 256-token chunks: 8 segments), at least 4
   EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).pass_state_segments, 16);
   EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128, 256), 1), (KernelConfig{64, 2, 2, 13, 1}));
+  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128), 1), (KernelConfig{64, 2, 2, 16, 2}));
+  EXPECT_EQ(pick(shape(1, 16384, 20, 1, 128), 1).pass_state_segments, 13);
   EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).fused_walk, 2);
   EXPECT_EQ(pick(shape(2, 65536, 8, 1, 64), 2).pass_state_segments, 16);
   EXPECT_EQ(pick(shape(1, 16384, 10, 1, 128, 256), 1).pass_state_segments, 8);
