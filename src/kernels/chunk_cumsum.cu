@@ -23,6 +23,20 @@ __device__ __forceinline__ float softplus_thresholded(float v) {
   return v <= 20.0f ? log1pf(__expf(v)) : v;
 }
 
+// Stores a lane's kN consecutive slots with 16-byte (or 8-byte) stores: a warp then writes its
+// chunk's slots in whole sectors with each instruction.
+template <int kN>
+__device__ __forceinline__ void store_slots(float* dst, const float (&v)[kN]) {
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 4) *reinterpret_cast<float4*>(dst + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+  } else {
+    static_assert(kN % 2 == 0, "slots per lane");
+#pragma unroll
+    for (int i = 0; i < kN; i += 2) *reinterpret_cast<float2*>(dst + i) = make_float2(v[i], v[i + 1]);
+  }
+}
+
 template <int kPerLane>
 __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdParams p) {
   const int64_t g = blockIdx.x;
@@ -76,16 +90,19 @@ __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdPara
     }
     const float base = incl - total;
     const float last = __shfl_sync(0xffffffffu, incl, 31) * kLog2e;  // cum at slot Q-1
-    const int64_t off = cum_offset(p, ci.row, h, g) + lane * kPerLane;
+    const int64_t off = cum_offset(p, ci.row, h, g) + lane * kPerLane;  // (16-byte aligned)
+    float cum[kPerLane], wst[kPerLane];
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
       const float c = (base + run[e]) * kLog2e;
       const int t = lane * kPerLane + e;
       const bool same = seq == nullptr || (t < ci.count && seq[t * p.seq_st] == seq_last);
-      p.cum[off + e] = c;
-      p.dtp[off + e] = dtp[e];
-      p.wst[off + e] = same ? fast_exp2(fminf(last - c, 0.0f)) * dtp[e] : 0.0f;
+      cum[e] = c;
+      wst[e] = same ? fast_exp2(fminf(last - c, 0.0f)) * dtp[e] : 0.0f;
     }
+    store_slots(p.cum + off, cum);
+    store_slots(p.dtp + off, dtp);
+    store_slots(p.wst + off, wst);
     if (lane == 0) p.carry[carry_offset(p, ci.row, h, g)] = carries ? fast_exp2(last) : 0.0f;
   }
 }
