@@ -6,7 +6,9 @@
 //   H_s = H rounded to T, in shared memory (the B operand of C H^T);  then H *= carry
 //   for every 64-token block m of the chunk (t: its tokens):
 //     acc  = (C_m H_s^T) * exp2(cum_t)                    (0 for tokens of another sequence)
-//     acc += S_mj X_j  for j <= m,  S_mj = C_m B_j^T * exp2(min(cum_t - cum_s, 0)) * dt'_s, masked
+//     acc += S_mj X_j  for j <= m,  S_mj = C_m B_j^T * exp2(cum_t - e_s), masked,
+//            e_s = cum_s - log2(dt'_s) (per chunk, in place of dt': the decay and dt' in one
+//            exponential; s <= t gives cum_t <= cum_s, 0 <= s < 64 on the diagonal block)
 //     out_m = (acc + D x) * silu(z)                       (chunk_out::epilogue_heads)
 //     H   += (X_m * w)^T B_m                              (x scaled per token in registers)
 // That is compute_out's output and fwd_pass_state's update for one head (see there for the
@@ -195,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const ChunkInfo ci = walk_chunk(p, walk, c);
     char* buf = s_buf;
     const float* s_cum = reinterpret_cast<const float*>(buf + nb * F::kBlockBytes);
-    const float* s_dtp = s_cum + q;
+    float* s_e = const_cast<float*>(s_cum) + q;  // dt' as loaded, then e_s (see the top)
     const float* s_w = s_cum + 2 * q;
     const float carry = carry_next;
     if (c_rel + 1 < n_local) carry_next = carry_walk[c + 1];  // a chunk ahead, off the chain
@@ -216,7 +218,9 @@ __global__ void __launch_bounds__(kThreads, 2)
           *reinterpret_cast<const uint32_t*>(pair);
     }
     fence_async_shared();
-    __syncthreads();  // H_s and s_seq written
+    tma::mbar_wait(bars, parity);  // block 0, with the chunk's cum, dt' and w
+    if (tid < q) s_e[tid] = s_cum[tid] - fast_log2(s_e[tid]);  // dt' = 0 (padding): +inf, S = 0
+    __syncthreads();  // H_s, s_seq and e_s written
     warpgroup_fence_operand(hacc);
 #pragma unroll
     for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= carry;
@@ -268,26 +272,32 @@ __global__ void __launch_bounds__(kThreads, 2)
 
       // ---- acc += S_mj X_j for the blocks j <= m; C_m B_{j+1}^T is issued with S_mj X_j (the last
       // j is peeled off: a wgmma under a run-time condition makes ptxas serialize all of them)
-      // S: keep lo_t <= s <= t (columns c of block j: s = 64 j + c). The fragment orders of the
-      // fp32 accumulator and of the 16-bit A operand coincide (see compute_out).
-      auto make_s = [&](int j) {
+      // S: keep lo_t <= s <= t (columns c of block j: s = 64 j + c), which blocks j < m without
+      // seq_idx keep whole (`masked` false; the mask's selects also drop the exponentials of
+      // s > t, which can overflow). The fragment orders of the fp32 accumulator and of the 16-bit
+      // A operand coincide (see compute_out).
+      auto make_s = [&](int j, auto masked) {
         const int hi0 = t0 - j * kN, hi1 = t1 - j * kN;
         const int lw0 = lo0 - j * kN, lw1 = lo1 - j * kN;
-        const float* c_j = s_cum + j * kN;
-        const float* d_j = s_dtp + j * kN;
+        const float* e_j = s_e + j * kN;
 #pragma unroll
         for (int k = 0; k < kN / 8; ++k) {
           const int col = 8 * k + 2 * (lane % 4);
-          const float2 cs = *reinterpret_cast<const float2*>(c_j + col);
-          const float2 ds = *reinterpret_cast<const float2*>(d_j + col);
+          const float2 es = *reinterpret_cast<const float2*>(e_j + col);
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const float ct = r ? ct1 : ct0;
-            const int hi = r ? hi1 : hi0, lw = r ? lw1 : lw0;
             const int v = 4 * k + 2 * r;
-            const bool k0 = col <= hi && col >= lw, k1 = col + 1 <= hi && col + 1 >= lw;
-            sf(v) = from_float<T>(k0 ? cb(v) * fast_exp2(fminf(ct - cs.x, 0.0f)) * ds.x : 0.0f);
-            sf(v + 1) = from_float<T>(k1 ? cb(v + 1) * fast_exp2(fminf(ct - cs.y, 0.0f)) * ds.y : 0.0f);
+            const float s0 = cb(v) * fast_exp2(ct - es.x), s1 = cb(v + 1) * fast_exp2(ct - es.y);
+            if constexpr (decltype(masked)::value) {
+              const int hi = r ? hi1 : hi0, lw = r ? lw1 : lw0;
+              const bool k0 = col <= hi && col >= lw, k1 = col + 1 <= hi && col + 1 >= lw;
+              sf(v) = from_float<T>(k0 ? s0 : 0.0f);
+              sf(v + 1) = from_float<T>(k1 ? s1 : 0.0f);
+            } else {
+              sf(v) = from_float<T>(s0);
+              sf(v + 1) = from_float<T>(s1);
+            }
           }
         }
         static_assert(decltype(size(sf))::value == kCbVals, "S fragment size");
@@ -300,7 +310,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       };
 #pragma unroll 1
       for (int j = 0; j < m; ++j) {
-        make_s(j);
+        if (seq_row != nullptr) make_s(j, std::true_type{});
+        else make_s(j, std::false_type{});
         warpgroup_fence_operand(acc[0]);
         warpgroup_fence_operand(cb);
         warpgroup_arrive();
@@ -311,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         warpgroup_fence_operand(acc[0]);
         warpgroup_fence_operand(cb);
       }
-      make_s(m);
+      make_s(m, std::true_type{});
       warpgroup_fence_operand(acc[0]);
       warpgroup_arrive();
       issue_sx(m);
