@@ -127,11 +127,13 @@ SWEEP_TEXT = {
                "Mamba-2 2.7B layer calls (80 heads, headdim 64, 1 group, dstate 128, chunk 256, `dt_bias` + "
                "`dt_softplus=True`, `D` per head, `z=None` as with the gated RMSNorm, no initial or final "
                "states: the training-path call of `mamba_ssm.modules.mamba2.Mamba2`), batch x seqlen; plus an "
-               "8-group layer (64 heads, headdim 64, dstate 64, chunk 256) at 8 x 4K."),
+               "8-group layer (64 heads, headdim 64, dstate 64, chunk 256) at 8 x 4K. Our kernels run these "
+               "calls in 128-token chunks (nothing they return depends on where chunks end; "
+               "docs/ARCHITECTURE.md)."),
     "tp": ("Tensor-parallel slices",
            "The 2.7B layer's call (options as above) with its 80 heads split over 8 or 4 GPUs (10 or 20 heads "
-           "per GPU), one sequence of 16K or 64K tokens: few (row, head) walks, so fwd_pass_state's chunk chain "
-           "is the cost and walk segments apply."),
+           "per GPU), one sequence of 16K or 64K tokens: few (row, head) walks, so the chain of chunks of each "
+           "walk is the cost and walk segments apply."),
     "shape": ("Other shapes", "Shapes given with `--shape`."),
 }
 
