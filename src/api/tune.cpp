@@ -63,7 +63,10 @@ std::string tuning_key(const ForwardParams& p) {
   const ProblemShape s = validate(p);
   require_gpu_call(p, "tuning_key()");
 #ifdef MAMBA2_SSD_WITH_CUDA
-  return detail::make_tuning_key(detail::current_device_id(), p, s);
+  // (the key of the call as its kernels run it: a 256-token call may run in 128-token chunks)
+  std::string key;
+  detail::resolve_kernel_config(p, s, nullptr, &key);
+  return key;
 #else
   (void)s;
   return {};

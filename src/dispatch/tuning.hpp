@@ -34,7 +34,8 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // with the least modelled time, in units of one chunk of a CTA that shares its SM with another
 // (two fit per SM). The CTAs run in waves of 2 x sm_count, each wave costing its segment length
 // plus 1.5 chunks of start-up; where all CTAs fit one per SM they run alone, 1.5x faster (anchor
-// dstate 128, 64K tokens: 987 us in 1 CTA per SM, 749 in 2). The segment sums (one read of B and x)
+// dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two, so each of two sharing an SM
+// runs at 0.66 of a lone one's speed). The segment sums (one read of B and x)
 // cost about 0.3 of fused_walk's time per chunk (anchor 64K: 0.152 against 0.478 ms), for all
 // segments but the last. Fitted to the H200's times of 1-8 segments on the 2.7B layer's calls
 // (2026-11-30): it picks their fastest (1 row x 80 heads x 64 chunks: 3, 212 us against 294 in 2

@@ -465,6 +465,16 @@ TEST(Gpu, Chunk256RunsAs128) {
     v.seed = ++seed;
     check_problem(v, "chunk256-varlen");
   }
+  // The tuning key names the chunk length the kernels run (forward() and tune() use that key).
+  for (bool chunk_states : {false, true}) {
+    ProblemConfig c = base_config();
+    c.chunk_size = 256;
+    c.want_chunk_states = chunk_states;
+    Problem prob(c);
+    DeviceMirror dm(prob);
+    const std::string key = tuning_key(dm.gp);
+    EXPECT_NE(key.find(chunk_states ? "|q256|" : "|q128|"), std::string::npos) << key;
+  }
 }
 
 // compute_out's load ring at each depth (chosen by shared memory per SM unless
