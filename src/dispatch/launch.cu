@@ -400,9 +400,10 @@ DeviceId current_device_id() {
   return cached;
 }
 
-KernelConfig resolve_kernel_config(const ForwardParams& call_p, const ProblemShape& call_s, std::string* source,
-                                   std::string* key_out) {
-  const KernelCall call = kernel_call(call_p, call_s);
+namespace {
+
+// resolve_kernel_config for a call already in the kernels' chunks (gpu_forward has it).
+KernelConfig resolve_for(const KernelCall& call, std::string* source, std::string* key_out) {
   const ForwardParams& p = call.p;
   const ProblemShape& s = call.s;
   const DeviceId dev = current_device_id();
@@ -434,6 +435,13 @@ KernelConfig resolve_kernel_config(const ForwardParams& call_p, const ProblemSha
   return c;
 }
 
+}  // namespace
+
+KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s, std::string* source,
+                                   std::string* key_out) {
+  return resolve_for(kernel_call(p, s), source, key_out);
+}
+
 void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace, std::size_t workspace_bytes,
                  CUstream_st* stream_handle) {
   check_device_once();
@@ -444,7 +452,7 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
   const WorkspacePlan w = plan_workspace(p, s);
   char* ws = static_cast<char*>(workspace);
   std::string source;
-  KernelConfig cfg = resolve_kernel_config(p, s, &source, nullptr);
+  KernelConfig cfg = resolve_for(call, &source, nullptr);
   // Tuning on a miss (opt-in): only outside graph capture, within a 1 s budget.
   if (source == "heuristic" && autotune_on_miss() && !is_capturing(stream)) {
     TuneOptions opt;
