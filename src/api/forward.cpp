@@ -39,7 +39,7 @@ void forward(const ForwardParams& p, void* workspace, std::size_t workspace_byte
 #ifdef MAMBA2_SSD_WITH_CUDA
   // (workspace_size() may be more: what the settings resolved now need; with less, forward runs
   // the settings that fit, see there)
-  const std::size_t need = detail::gpu_workspace_needs(p, s).least;
+  const std::size_t need = detail::gpu_workspace_needs(p, s, false).least;
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
     throw Error(Error::Kind::kInvalidArgument, "workspace",
                 "workspace: expected at least " + std::to_string(need) + " bytes (workspace_size()), got " +

@@ -35,7 +35,7 @@ TuneResult tune(const ForwardParams& p, void* workspace, std::size_t workspace_b
   const ProblemShape s = validate(p);
   require_gpu_call(p, "tune()");
 #ifdef MAMBA2_SSD_WITH_CUDA
-  const std::size_t need = detail::gpu_workspace_needs(p, s).least;
+  const std::size_t need = detail::gpu_workspace_needs(p, s, false).least;
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
     throw Error(Error::Kind::kInvalidArgument, "workspace",
                 "workspace: expected at least " + std::to_string(need) +
@@ -78,7 +78,7 @@ std::size_t tune_workspace_size(const ForwardParams& p) {
   const ProblemShape s = validate(p);
   require_gpu_call(p, "tune_workspace_size()");
 #ifdef MAMBA2_SSD_WITH_CUDA
-  return detail::gpu_workspace_needs(p, s).all;
+  return detail::gpu_workspace_needs(p, s, false).all;
 #else
   (void)s;
   return 0;

@@ -148,13 +148,15 @@ bool fused_needs_chunk_states(const ForwardParams& p) {
 
 }  // namespace
 
-WorkspaceNeeds gpu_workspace_needs(const ForwardParams& call_p, const ProblemShape& call_s) {
+WorkspaceNeeds gpu_workspace_needs(const ForwardParams& call_p, const ProblemShape& call_s, bool with_now) {
   const KernelCall c = kernel_call(call_p, call_s);
   WorkspaceNeeds n;
   n.all = plan_workspace(c.p, c.s).total;
   n.least = n.now = n.all;
   if (fused_walk_applies(c.s) && !fused_needs_chunk_states(c.p)) {
-    n.least = plan_workspace(c.p, c.s, false).total;
+    n.least = n.now = plan_workspace(c.p, c.s, false).total;
+    if (!with_now) return n;
+    n.now = n.all;
     std::string source;
     const KernelConfig cfg = resolve_kernel_config(c.p, c.s, &source, nullptr);
     const bool may_tune = source == "heuristic" && autotune_on_miss();  // (it may pick the two kernels)
