@@ -8,6 +8,7 @@
 
 #include "mamba2_ssd/api.hpp"
 #include "mamba2_ssd/error.hpp"
+#include "mamba2_ssd/tuning.hpp"
 
 #ifdef MAMBA2_SSD_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -149,7 +150,8 @@ Mirror::Mirror(Problem& prob) : impl_(std::make_unique<Impl>(prob)) {
     m.tensors.push_back(std::move(mem));
   }
   m.params = prob.params(Device::kCUDA);
-  m.ws_bytes = mamba2_ssd::workspace_size(m.params);
+  // (the size every kernel setting fits in: `tune` times them all on this mirror)
+  m.ws_bytes = mamba2_ssd::tune_workspace_size(m.params);
   if (m.ws_bytes > 0) {
     m.workspace = std::make_unique<DeviceMemory>(m.ws_bytes, "the workspace");
     m.total += m.ws_bytes;

@@ -16,7 +16,12 @@ namespace mamba2_ssd {
 // read on the host, so the GPU path cannot check those and treats them as documented.
 ProblemShape validate(const ForwardParams& p);
 
-// Bytes of scratch memory forward() needs for `p` (device memory for Device::kCUDA, 0 for CPU).
+// Bytes of scratch memory forward() needs for `p` (device memory for Device::kCUDA, 0 for CPU),
+// with the kernel settings it resolves now (explicit, environment, tuning cache or heuristic:
+// include/mamba2_ssd/tuning.hpp). fused_walk keeps the chunk states on chip, so the settings that
+// run it need less. Given less than the two kernels need, forward() runs fused_walk whatever the
+// settings say, and it accepts any workspace that fits fused_walk (or, where fused_walk does not
+// apply, the two kernels): a workspace sized once stays valid when the tuning cache changes.
 std::size_t workspace_size(const ForwardParams& p);
 
 // Runs the forward. Device::kCPU: the float64 CPU reference, synchronously; `workspace` and

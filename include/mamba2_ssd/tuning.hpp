@@ -58,9 +58,15 @@ struct TuneResult {
 // Measures the kernel settings on this call (it runs the kernels on the call's buffers, so `out`,
 // final_states and chunk_states are overwritten; the call's arguments are validated first),
 // stores the best in the cache (TuneOptions::store) and returns it. Synchronizes `stream`.
+// A workspace of tune_workspace_size(p) bytes fits every setting; with less (at least what
+// forward() accepts), only the settings that fit in it are timed.
 // Throws Error (kUnsupported) for Device::kCPU, without CUDA, or while `stream` captures a graph.
 TuneResult tune(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, CUstream_st* stream = nullptr,
                 const TuneOptions& options = {});
+
+// Bytes of workspace that every kernel setting of `p` fits in (workspace_size(p) is what the
+// settings resolved now need, which can be less).
+std::size_t tune_workspace_size(const ForwardParams& p);
 
 // The settings forward() would use for `p` now and where they come from: "explicit", "env",
 // "cache" or "heuristic" (tuning on a miss is not attempted here).

@@ -609,7 +609,8 @@ void forward_torch(nb::args args) {
     return;
   }
   DeviceGuard guard(device_index);
-  const std::size_t need = m2::workspace_size(p);
+  // (a call that tunes first times every setting: the workspace they all fit in)
+  const std::size_t need = g_tune_next ? m2::tune_workspace_size(p) : m2::workspace_size(p);
   if (need == 0) {
     run_forward(p, nullptr, 0, stream);
     return;
@@ -657,7 +658,7 @@ void forward_dlpack(nb::args args) {
     return;
   }
   DeviceGuard guard(c.dev.index);
-  const std::size_t need = m2::workspace_size(c.p);
+  const std::size_t need = g_tune_next ? m2::tune_workspace_size(c.p) : m2::workspace_size(c.p);
   void* ws_ptr = nullptr;
   if (!workspace.is_none()) {
     if (!nb::try_cast(workspace, c.keep.workspace, false)) {

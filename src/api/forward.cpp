@@ -22,7 +22,7 @@ std::size_t workspace_size(const ForwardParams& p) {
   const ProblemShape s = validate(p);
   if (p.device == Device::kCPU) return 0;
 #ifdef MAMBA2_SSD_WITH_CUDA
-  return detail::gpu_workspace_size(p, s);
+  return detail::gpu_workspace_needs(p, s).now;
 #else
   (void)s;
   throw_no_cuda();
@@ -37,7 +37,9 @@ void forward(const ForwardParams& p, void* workspace, std::size_t workspace_byte
     return;
   }
 #ifdef MAMBA2_SSD_WITH_CUDA
-  const std::size_t need = detail::gpu_workspace_size(p, s);
+  // (workspace_size() may be more: what the settings resolved now need; with less, forward runs
+  // the settings that fit, see there)
+  const std::size_t need = detail::gpu_workspace_needs(p, s, false).least;
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
     throw Error(Error::Kind::kInvalidArgument, "workspace",
                 "workspace: expected at least " + std::to_string(need) + " bytes (workspace_size()), got " +

@@ -35,10 +35,11 @@ TuneResult tune(const ForwardParams& p, void* workspace, std::size_t workspace_b
   const ProblemShape s = validate(p);
   require_gpu_call(p, "tune()");
 #ifdef MAMBA2_SSD_WITH_CUDA
-  const std::size_t need = workspace_size(p);
+  const std::size_t need = detail::gpu_workspace_needs(p, s, false).least;
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
     throw Error(Error::Kind::kInvalidArgument, "workspace",
-                "workspace: expected at least " + std::to_string(need) + " bytes (workspace_size()), got " +
+                "workspace: expected at least " + std::to_string(need) +
+                    " bytes (tune_workspace_size() times every setting), got " +
                     std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
   return detail::gpu_tune(p, s, workspace, workspace_bytes, stream, options);
@@ -70,6 +71,17 @@ std::string tuning_key(const ForwardParams& p) {
 #else
   (void)s;
   return {};
+#endif
+}
+
+std::size_t tune_workspace_size(const ForwardParams& p) {
+  const ProblemShape s = validate(p);
+  require_gpu_call(p, "tune_workspace_size()");
+#ifdef MAMBA2_SSD_WITH_CUDA
+  return detail::gpu_workspace_needs(p, s, false).all;
+#else
+  (void)s;
+  return 0;
 #endif
 }
 

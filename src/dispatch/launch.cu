@@ -49,7 +49,9 @@ struct WorkspacePlan {
   std::size_t states_bytes = 0, offsets_bytes = 0, x16_bytes = 0, bc16_bytes = 0;
 };
 
-WorkspacePlan plan_workspace(const ForwardParams& p, const ProblemShape& s) {
+// chunk_state_region: false leaves out the chunk states (where the caller gives no chunk_states),
+// for fused_walk, which keeps them on chip (see fused_needs_chunk_states).
+WorkspacePlan plan_workspace(const ForwardParams& p, const ProblemShape& s, bool chunk_state_region = true) {
   WorkspacePlan w;
   const std::size_t per_slot = static_cast<std::size_t>(s.batch) * s.nheads * s.nchunks * p.chunk_size;
   std::size_t off = 0;
@@ -69,7 +71,7 @@ WorkspacePlan plan_workspace(const ForwardParams& p, const ProblemShape& s) {
     w.seg_sums = off; off = align_up(off + sums * s.headdim * s.dstate * sizeof(float));
     w.seg_carry = off; off = align_up(off + sums * sizeof(float));
   }
-  if (!p.chunk_states.present()) {
+  if (!p.chunk_states.present() && chunk_state_region) {
     w.states_bytes = static_cast<std::size_t>(s.batch) * s.nchunks * s.nheads * s.headdim * s.dstate *
                      dtype_size(s.state_dtype);
     w.states = off; off = align_up(off + w.states_bytes);
@@ -138,11 +140,29 @@ KernelCall kernel_call(const ForwardParams& p, const ProblemShape& s) {
   return c;
 }
 
+// fused_walk stores chunk states in the workspace only for varlen_states in the batched layout
+// (the varlen_states kernel reads them).
+bool fused_needs_chunk_states(const ForwardParams& p) {
+  return p.layout != Layout::kVarlen && p.varlen_states.present();
+}
+
 }  // namespace
 
-std::size_t gpu_workspace_size(const ForwardParams& p, const ProblemShape& s) {
-  const KernelCall c = kernel_call(p, s);
-  return plan_workspace(c.p, c.s).total;
+WorkspaceNeeds gpu_workspace_needs(const ForwardParams& call_p, const ProblemShape& call_s, bool with_now) {
+  const KernelCall c = kernel_call(call_p, call_s);
+  WorkspaceNeeds n;
+  n.all = plan_workspace(c.p, c.s).total;
+  n.least = n.now = n.all;
+  if (fused_walk_applies(c.s) && !fused_needs_chunk_states(c.p)) {
+    n.least = n.now = plan_workspace(c.p, c.s, false).total;
+    if (!with_now) return n;
+    n.now = n.all;
+    std::string source;
+    const KernelConfig cfg = resolve_kernel_config(c.p, c.s, &source, nullptr);
+    const bool may_tune = source == "heuristic" && autotune_on_miss();  // (it may pick the two kernels)
+    if (cfg.fused_walk == 2 && !may_tune) n.now = n.least;
+  }
+  return n;
 }
 
 bool gpu_present() {
@@ -243,7 +263,7 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
     if (varlen) { k.st_sb = 0; k.st_sc = c.stride(0); k.st_sh = c.stride(1); k.st_sp = c.stride(2); }
     else { k.st_sb = c.stride(0); k.st_sc = c.stride(1); k.st_sh = c.stride(2); k.st_sp = c.stride(3); }
   } else {
-    k.states = ws + w.states;
+    k.states = w.states_bytes > 0 ? ws + w.states : nullptr;  // (absent: fused_walk, which stores none)
     k.st_sp = s.dstate;
     k.st_sh = s.headdim * k.st_sp;
     k.st_sc = s.nheads * k.st_sh;
@@ -449,7 +469,6 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
   const ForwardParams& p = call.p;
   const ProblemShape& s = call.s;
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
-  const WorkspacePlan w = plan_workspace(p, s);
   char* ws = static_cast<char*>(workspace);
   std::string source;
   KernelConfig cfg = resolve_for(call, &source, nullptr);
@@ -464,7 +483,11 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
   ps.dstate_tile = cfg.pass_state_dstate_tile;
   ps.stages = cfg.pass_state_stages;
   ps.segments = cfg.pass_state_segments;
-  const bool fused = cfg.fused_walk == 2 && fused_walk_applies(s);
+  // A workspace without room for the two kernels' chunk states (sized under fused_walk settings,
+  // forward() checked that it holds the least): fused_walk, whatever the settings say.
+  const WorkspacePlan full = plan_workspace(p, s);
+  const bool fused = fused_walk_applies(s) && (cfg.fused_walk == 2 || workspace_bytes < full.total);
+  const WorkspacePlan w = fused && !fused_needs_chunk_states(p) ? plan_workspace(p, s, false) : full;
   const kernels::SsdParams k0 = make_kernel_params(p, s, w, ws);
   const kernels::SsdParams k = fused ? fused_params(p, k0, cfg.pass_state_segments, w) : with_pass_state(k0, ps, w);
   kernels::ComputeOutConfig co;
@@ -478,7 +501,6 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
 
 TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace,
                     std::size_t workspace_bytes, CUstream_st* stream_handle, const TuneOptions& opt) {
-  (void)workspace_bytes;
   check_device_once();
   const KernelCall call = kernel_call(call_p, call_s);
   const ForwardParams& p = call.p;
@@ -491,7 +513,11 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
     throw Error(Error::Kind::kUnsupported, "stream",
                 "stream: tune() cannot run while the stream captures a CUDA graph (it times kernels and synchronizes)");
   }
-  const WorkspacePlan w = plan_workspace(p, s);
+  // The two kernels are timed only where the workspace holds their chunk states (tune() checked
+  // that it holds what fused_walk needs, the least).
+  const WorkspacePlan full = plan_workspace(p, s);
+  const bool two_fit = workspace_bytes >= full.total;
+  const WorkspacePlan w = two_fit ? full : plan_workspace(p, s, false);
   char* ws = static_cast<char*>(workspace);
   const DeviceId dev = current_device_id();
   TuneResult r;
@@ -596,7 +622,7 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   double best_ms = 0.0;  // of the two kernels
   kernels::PassStateConfig best_ps;
   KernelConfig two = h2;
-  for (size_t i = 0; i < ps.size(); ++i) {
+  for (size_t i = 0; i < ps.size() && two_fit; ++i) {
     if ((i > 0 || heuristic_fused) && out_of_time()) break;
     kernels::PassStateConfig c;
     c.dstate_tile = ps[i].first;
@@ -614,7 +640,7 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   }
   std::vector<int32_t> splits_timed = {with_pass_state(k, best_ps, w).nseg};
   for (int segs : {1, 2, 4, 8, 16}) {
-    if (!r.complete || out_of_time()) break;
+    if (!two_fit || !r.complete || out_of_time()) break;
     kernels::PassStateConfig c = best_ps;
     c.segments = segs;
     const int32_t nseg = with_pass_state(k, c, w).nseg;
@@ -632,7 +658,7 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   const int max_hb = static_cast<int>(std::min<int64_t>(s.headdim <= 64 ? 4 : 2, s.nheads / s.ngroups));
   for (int hb = 1; hb <= max_hb; hb *= 2) hbs.push_back(hb);
   for (size_t i = 0; i < hbs.size(); ++i) {
-    if (!r.complete || out_of_time()) break;
+    if (!two_fit || !r.complete || out_of_time()) break;
     const double ms = forward_ms(best_ps, hbs[i]);
     report("compute_out", "heads=" + std::to_string(hbs[i]), ms);
     if (clearly_faster(ms, best_ms)) {

@@ -13,8 +13,14 @@ struct CUstream_st;
 
 namespace mamba2_ssd::detail {
 
-// Bytes of device scratch for a validated call.
-std::size_t gpu_workspace_size(const ForwardParams& p, const ProblemShape& s);
+// Bytes of device scratch for a validated call: `now` for the settings forward() resolves now,
+// `least` what it runs in (fused_walk, where it applies, needs no room for the chunk states),
+// `all` what every setting fits in (tune() times them all). with_now = false skips resolving the
+// settings (a cache lookup): `now` is then left at `least`.
+struct WorkspaceNeeds {
+  std::size_t now = 0, least = 0, all = 0;
+};
+WorkspaceNeeds gpu_workspace_needs(const ForwardParams& p, const ProblemShape& s, bool with_now = true);
 
 // Enqueues the kernels of one validated call on `stream`.
 void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,

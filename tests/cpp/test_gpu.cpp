@@ -830,6 +830,64 @@ TEST(Gpu, TuneStoresTheBestSettingAndForwardUsesIt) {
   std::remove(path.c_str());
 }
 
+// The workspace follows the settings: fused_walk needs no room for the chunk states, so a call
+// resolved to it asks for less than tune_workspace_size(); given that little, forward() runs
+// fused_walk even when the settings say two kernels (the output checked against the reference,
+// the workspace poisoned with NaN and followed by a guard region that must stay untouched);
+// tune() on it times fused_walk only; less than the least is refused.
+TEST(Gpu, WorkspaceFollowsTheSettings) {
+  SKIP_WITHOUT_GPU();
+  ::setenv("MAMBA2_SSD_TUNING_CACHE", "off", 1);
+  reset_tuning_cache();
+  ProblemConfig c = base_config();
+  c.batch = 1;
+  c.seqlen = 8192 + 50;  // 65 chunks of 128 tokens: the heuristic runs fused_walk
+  c.chunk_size = 256;     // (run as 128)
+  c.seed = 1600;
+  Problem prob(c);
+  DeviceMirror dm(prob);
+  ForwardParams fused_p = dm.gp, two_p = dm.gp;
+  fused_p.kernel_config = {0, 0, 0, 0, 2};
+  two_p.kernel_config = {0, 0, 0, 0, 1};
+  const std::size_t small = workspace_size(fused_p), all = tune_workspace_size(dm.gp);
+  EXPECT_EQ(workspace_size(dm.gp), small);  // the heuristic's choice
+  EXPECT_EQ(workspace_size(two_p), all);
+  // 65 x 128-token chunks x 4 heads x 64 x 128 bf16 chunk states: 4.26 MB less
+  EXPECT_GE(all - small, std::size_t(65) * 4 * 64 * 128 * 2);
+  constexpr std::size_t kGuard = 1 << 20;
+  DeviceBuffer ws(small + kGuard);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  for (const ForwardParams* gp : {&fused_p, &two_p}) {
+    CUDA_OK(cudaMemset(ws.ptr, 0xff, small + kGuard));
+    CUDA_OK(cudaMemset(dm.ptr.at("out"), 0xff, prob.out.nbytes()));
+    forward(*gp, ws.ptr, small, reinterpret_cast<CUstream_st*>(stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<uint8_t> guard(kGuard);
+    CUDA_OK(cudaMemcpy(guard.data(), static_cast<char*>(ws.ptr) + small, kGuard, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(guard.begin(), guard.end(), [](uint8_t b) { return b == 0xff; }))
+        << "the forward wrote past the workspace it was given";
+    CUDA_OK(cudaMemcpy(prob.out.view.data, dm.ptr.at("out"), prob.out.nbytes(), cudaMemcpyDeviceToHost));
+    const reference::F64Outputs ref = reference::forward_f64(prob.params(Device::kCPU), prob.shape);
+    EXPECT_LE(rel_l2(prob.out.view, ref.out), kTolOut) << to_string(gp->kernel_config);
+  }
+  TuneOptions opt;
+  opt.store = false;
+  const TuneResult r = tune(dm.gp, ws.ptr, small, reinterpret_cast<CUstream_st*>(stream), opt);
+  EXPECT_FALSE(r.measured.empty());
+  for (const auto& m : r.measured) EXPECT_EQ(m.kernel, "fused_walk") << m.setting;
+  EXPECT_EQ(r.best.fused_walk, 2);
+  try {
+    forward(dm.gp, ws.ptr, small - 256, reinterpret_cast<CUstream_st*>(stream));
+    ADD_FAILURE() << "no error for a workspace below the least";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "workspace");
+  }
+  cudaStreamDestroy(stream);
+  ::unsetenv("MAMBA2_SSD_TUNING_CACHE");
+  reset_tuning_cache();
+}
+
 // A tensor spanning more than 2^31 elements: row 1 of x/z/out starts past element 2^31, so any
 // 32-bit offset arithmetic in the kernels would read or write the wrong place.
 TEST(Gpu, OffsetsBeyond2Pow31Elements) {
