@@ -259,24 +259,17 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       issue_cb(0);
       warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc[0]);
-      warpgroup_fence_operand(cb);
-      {
-        const float f0 = sees0 ? fast_exp2(fminf(s_cum[t0], 0.0f)) : 0.0f;
-        const float f1 = sees1 ? fast_exp2(fminf(s_cum[t1], 0.0f)) : 0.0f;
-#pragma unroll
-        for (int v = 0; v < decltype(size(acc[0]))::value; ++v) acc[0](v) *= ((v >> 1) & 1) ? f1 : f0;
-      }
       const float ct0 = s_cum[t0], ct1 = s_cum[t1];
 
-      // ---- acc += S_mj X_j for the blocks j <= m; C_m B_{j+1}^T is issued with S_mj X_j (the last
-      // j is peeled off: a wgmma under a run-time condition makes ptxas serialize all of them)
-      // S: keep lo_t <= s <= t (columns c of block j: s = 64 j + c), which blocks j < m without
-      // seq_idx keep whole (`masked` false; the mask's selects also drop the exponentials of
-      // s > t, which can overflow). The fragment orders of the fp32 accumulator and of the 16-bit
-      // A operand coincide (see compute_out).
-      auto make_s = [&](int j, auto masked) {
+      // ---- acc += S_mj X_j for the blocks j <= m. S_mj = C_m B_j^T * L_mj, L_mj = exp2(cum_t -
+      // e_s) where kept: lo_t <= s <= t (columns c of block j: s = 64 j + c), which blocks j < m
+      // without seq_idx keep whole (`masked` false; elsewhere the selects also drop the
+      // exponentials of s > t, which can overflow). L_mj is computed while the wgmma that gives
+      // C_m B_j^T runs; C_m B_{j+1}^T is issued with S_mj X_j (the last j is peeled off: a wgmma
+      // under a run-time condition makes ptxas serialize all of them). The fragment orders of
+      // the fp32 accumulator and of the 16-bit A operand coincide (see compute_out).
+      float decay[kCbVals];
+      auto make_decay = [&](int j, auto masked) {
         const int hi0 = t0 - j * kN, hi1 = t1 - j * kN;
         const int lw0 = lo0 - j * kN, lw1 = lo1 - j * kN;
         const float* e_j = s_e + j * kN;
@@ -288,18 +281,25 @@ __global__ void __launch_bounds__(kThreads, 2)
           for (int r = 0; r < 2; ++r) {
             const float ct = r ? ct1 : ct0;
             const int v = 4 * k + 2 * r;
-            const float s0 = cb(v) * fast_exp2(ct - es.x), s1 = cb(v + 1) * fast_exp2(ct - es.y);
+            const float l0 = fast_exp2(ct - es.x), l1 = fast_exp2(ct - es.y);
             if constexpr (decltype(masked)::value) {
               const int hi = r ? hi1 : hi0, lw = r ? lw1 : lw0;
-              const bool k0 = col <= hi && col >= lw, k1 = col + 1 <= hi && col + 1 >= lw;
-              sf(v) = from_float<T>(k0 ? s0 : 0.0f);
-              sf(v + 1) = from_float<T>(k1 ? s1 : 0.0f);
+              decay[v] = col <= hi && col >= lw ? l0 : 0.0f;
+              decay[v + 1] = col + 1 <= hi && col + 1 >= lw ? l1 : 0.0f;
             } else {
-              sf(v) = from_float<T>(s0);
-              sf(v + 1) = from_float<T>(s1);
+              decay[v] = l0;
+              decay[v + 1] = l1;
             }
           }
         }
+      };
+      auto decay_for = [&](int j) {
+        if (j == m || seq_row != nullptr) make_decay(j, std::true_type{});
+        else make_decay(j, std::false_type{});
+      };
+      auto make_s = [&]() {
+#pragma unroll
+        for (int v = 0; v < kCbVals; ++v) sf(v) = from_float<T>(cb(v) * decay[v]);
         static_assert(decltype(size(sf))::value == kCbVals, "S fragment size");
         warpgroup_fence_operand(sf);
       };
@@ -308,37 +308,36 @@ __global__ void __launch_bounds__(kThreads, 2)
                                 typename Tr::LayoutX{});
         wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[0], false);
       };
+      const float f0 = sees0 ? fast_exp2(fminf(ct0, 0.0f)) : 0.0f;  // (under the wgmma)
+      const float f1 = sees1 ? fast_exp2(fminf(ct1, 0.0f)) : 0.0f;
+      decay_for(0);
+      warpgroup_wait<0>();  // (and the previous block's update)
+      warpgroup_fence_operand(acc[0]);
+      warpgroup_fence_operand(cb);
+#pragma unroll
+      for (int v = 0; v < decltype(size(acc[0]))::value; ++v) acc[0](v) *= ((v >> 1) & 1) ? f1 : f0;
 #pragma unroll 1
       for (int j = 0; j < m; ++j) {
-        if (seq_row != nullptr) make_s(j, std::true_type{});
-        else make_s(j, std::false_type{});
+        make_s();
         warpgroup_fence_operand(acc[0]);
         warpgroup_fence_operand(cb);
         warpgroup_arrive();
         issue_sx(j);
         issue_cb(j + 1);
         warpgroup_commit_batch();
+        decay_for(j + 1);
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc[0]);
         warpgroup_fence_operand(cb);
       }
-      make_s(m, std::true_type{});
+      make_s();
       warpgroup_fence_operand(acc[0]);
       warpgroup_arrive();
       issue_sx(m);
       warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc[0]);
-
-      // ---- out_m (x for D x from X_m in the buffer; the staging in C_m's tile, now unused:
-      // every wgmma that read it has completed, each needing all four warps). A TMA store of
-      // the block from shared memory instead was 3-7% slower on the H200 (2026-11-30).
+      // X_m^T * w for the update while S_mm X_m runs: X_m^T into registers (transposing
+      // ldmatrix; the wgmma reads the same tile), times w per token.
       const char* x_m = blk + 2 * NK * F::kSlice;
-      float* s_y = NK == 2 ? reinterpret_cast<float*>(blk) : s_y_own;
-      epilogue_heads<T, 64, 1>(
-          p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
-
-      // ---- H += (X_m * w)^T B_m: X_m^T into registers (transposing ldmatrix), times w per token
       {
         Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(x_m)), typename Tr::LayoutX{});
         copy(x_copy, thr_x_copy.partition_S(sX), xw_dst);
@@ -347,16 +346,30 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int i = 0; i < decltype(size(xw))::value; ++i) {
           xw(i) = from_float<T>(to_float<T>(xw(i)) * w_m[get<1>(x_tok(i))]);
         }
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc[0]);
+
+      // ---- H += (X_m * w)^T B_m, left in flight under the epilogue (which reads acc and the
+      // staging, not hacc or B_m); the next block's first wait, or the chunk's end, waits for it.
+      {
         Tensor sBn = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + NK * F::kSlice)), typename F::LayoutBn{});
         warpgroup_fence_operand(xw);
         warpgroup_fence_operand(hacc);
         warpgroup_arrive();
         wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
         warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(hacc);
       }
+
+      // ---- out_m (x for D x from X_m in the buffer; the staging in C_m's tile, now unused:
+      // every wgmma that read it has completed, each needing all four warps). A TMA store of
+      // the block from shared memory instead was 3-7% slower on the H200 (2026-11-30).
+      float* s_y = NK == 2 ? reinterpret_cast<float*>(blk) : s_y_own;
+      epilogue_heads<T, 64, 1>(
+          p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
     }
+    warpgroup_wait<0>();  // the last block's update
+    warpgroup_fence_operand(hacc);
     parity ^= 1u;
     // The state after chunk c, where the caller wants the chunk states.
     if (p.states != nullptr) {
