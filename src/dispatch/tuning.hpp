@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "mamba2_ssd/params.hpp"
 
@@ -30,34 +31,40 @@ inline bool fused_walk_applies(const ProblemShape& s) {
   return s.headdim == 64 && s.dstate <= 128 && (s.chunk_size == 64 || s.chunk_size == 128);
 }
 
-// fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks: the count
-// with the least modelled time, in units of one chunk of a CTA that shares its SM with another
-// (two fit per SM). The CTAs run in waves of 2 x sm_count, each wave costing its segment length
-// plus 1.5 chunks of start-up; where all CTAs fit one per SM they run alone, 1.5x faster (anchor
-// dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two, so each of two sharing an SM
-// runs at 0.66 of a lone one's speed). The segment sums (one read of B and x)
-// cost about 0.3 of fused_walk's time per chunk (anchor 64K: 0.152 against 0.478 ms), for all
-// segments but the last. Fitted to the H200's times of 1-8 segments on the 2.7B layer's calls
-// (2026-11-30): it picks their fastest (1 row x 80 heads x 64 chunks: 3, 212 us against 294 in 2
-// and 246 in 8; 4 rows: 4, 754 us against 961 in 1; 8 rows x 64 heads x 32 chunks, 8 groups: 1,
-// 422 us against 481 in 2) and the anchor's (8 segments at 4K-64K tokens).
-inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int sm_count, int max_segments) {
-  const int64_t slots = 2 * static_cast<int64_t>(sm_count);
-  const double sums_per_segment = 0.3 * static_cast<double>(walk_heads * chunks) / static_cast<double>(slots);
-  int64_t best = 1;
-  double best_cost = 0.0;
-  for (int64_t seg = 1; seg <= std::max(max_segments, 1); ++seg) {
+// fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks with states of
+// dstate_tiles 64-column tiles: the count with the least modelled time, in units of one chunk of a
+// CTA that shares its SM with another (two fit per SM).
+// - fused_walk: its CTAs run in waves of 2 x sm_count, each wave costing its segment length plus
+//   one chunk of start-up; where all CTAs fit one per SM they run alone, 1.5x faster (anchor
+//   dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
+// - The segment sums run first, one CTA per chain, tile and segment but the last, three per SM,
+//   each walking its segment: waves of 3 x sm_count CTAs at 0.15 per chunk. Their waves matter:
+//   the sums of the anchor dstate 128 at 64K take 199 us in 8 segments (448 CTAs, two waves of
+//   64 chunks) and 150 us in 16 (960 CTAs, three waves of 32) (ncu, 2026-11-30).
+// Counts within 1% of the least: the fewest. Fitted to the H200's graph times of 1-16 segments
+// on 11 anchor, model and tensor-parallel calls (2026-11-30, docs/PERFORMANCE.md v14): it picks
+// the fastest or one within 1% on each (1 row x 20 heads x 512 chunks: 13, 410 us against 544 in
+// 16; 1 row x 80 heads x 512 chunks: 13, 1.41 ms against 1.52 in 6; anchor dstate 128 at 64K: 16,
+// at 16K: 8).
+inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int sm_count,
+                                   int max_segments) {
+  const int64_t slots = 2 * static_cast<int64_t>(sm_count), sum_slots = 3 * static_cast<int64_t>(sm_count);
+  const int top = std::max(max_segments, 1);
+  std::vector<double> cost(static_cast<size_t>(top) + 1, 0.0);
+  double least = 0.0;
+  for (int64_t seg = 1; seg <= top; ++seg) {
     const int64_t ctas = walk_heads * seg;
-    const int64_t waves = (ctas + slots - 1) / slots;
+    const int64_t len = (chunks + seg - 1) / seg;
     const double alone = ctas <= sm_count ? 0.66 : 1.0;
-    const double len = static_cast<double>((chunks + seg - 1) / seg) + 1.5;
-    const double cost = alone * static_cast<double>(waves) * len + sums_per_segment * static_cast<double>(seg - 1) / seg;
-    if (seg == 1 || cost < best_cost) {
-      best = seg;
-      best_cost = cost;
-    }
+    double c = alone * static_cast<double>((ctas + slots - 1) / slots) * static_cast<double>(len + 1);
+    const int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
+    c += 0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * static_cast<double>(len);
+    cost[static_cast<size_t>(seg)] = c;
+    if (seg == 1 || c < least) least = c;
   }
-  return best;
+  int64_t seg = 1;
+  while (cost[static_cast<size_t>(seg)] > 1.01 * least) ++seg;
+  return seg;
 }
 
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
@@ -78,10 +85,7 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int sm_co
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
 // fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies and the
 // walks have at least 32 chunks (anchor dstate 64/128 from 4K tokens: 8-25% faster than the two
-// kernels; at 1K tokens, 8 chunks, 27-43% slower), with the segments of fused_walk_segments
-// (about two CTAs per SM where the walks are few), and twice as many for dstate above 64 from 512 chunks per
-// walk (anchor dstate 128 at 64K: 687 us in 16 segments, 718 in 8, and the tuner's pick at 64K
-// and 256K; dstate 64 at 64K: 521 us in 8, 549 in 16).
+// kernels; at 1K tokens, 8 chunks, 27-43% slower), with the segments of fused_walk_segments.
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
 // of that mode (2 where fused_walk applies).
 inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments,
@@ -113,8 +117,8 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   const int64_t chunks_per_walk = s.nchunks * s.batch / std::max<int64_t>(walks, 1);  // varlen: the mean
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && chunks_per_walk >= 32))) {
     c.fused_walk = 2;
-    int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, sm_count, max_segments);
-    if (s.dstate > 64 && chunks_per_walk >= 512) segments *= 2;
+    const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,
+                                                 max_segments);
     c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));
   }
   return c;

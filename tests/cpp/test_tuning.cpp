@@ -293,7 +293,7 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
     return detail::heuristic_config(s, walks, 132, detail::max_walk_segments(s, false));
   };
   // anchor (4 rows, 8 heads): dstate 64 and 128 fused in 8 segments (two CTAs per SM) from 32
-  // chunks per walk on, 16 for dstate 128 from 512 chunks; else 32-column tiles up to dstate 128,
+  // chunks per walk on, 16 for dstate 128 at 64K (the sums in fewer waves); else 32-column tiles up to dstate 128,
   // 64 from 256 on, no segments
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 16, 2}));
   EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
@@ -313,14 +313,16 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64), 8), (KernelConfig{64, 2, 1, 1, 2}));
   EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1).fused_walk, 1);  // 16 chunks
   EXPECT_EQ(pick(shape(1, 8192, 80, 1, 128), 1).pass_state_segments, 3);  // 240 CTAs, not 13 x 80
-  EXPECT_EQ(pick(shape(1, 65536, 80, 1, 128), 1).pass_state_segments, 6);
+  EXPECT_EQ(pick(shape(1, 65536, 80, 1, 128), 1).pass_state_segments, 13);  // 1.41 ms; 1.52 in 6
+  EXPECT_EQ(pick(shape(8, 4096, 80, 1, 128), 8).pass_state_segments, 2);      // 658 us; 651 in 1
   // chunks of 256 (when the chunk states are returned): not fused
   EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
   // few walks: 64-column tiles in segments (16 CTAs -> 16 segments; 20 -> 13; 2 rows of dstate
   // 64 -> 16), at least 8 chunks each (16K tokens in 256-token chunks: 8 segments), at least 4
   EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).pass_state_segments, 16);
   EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128, 256), 1), (KernelConfig{64, 2, 2, 13, 1}));
-  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128), 1), (KernelConfig{64, 2, 2, 16, 2}));
+  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128), 1), (KernelConfig{64, 2, 2, 13, 2}));  // 272 us; 281 in 16
+  EXPECT_EQ(pick(shape(1, 65536, 20, 1, 128), 1).pass_state_segments, 13);  // 410 us; 544 in 16
   EXPECT_EQ(pick(shape(1, 16384, 20, 1, 128), 1).pass_state_segments, 13);
   EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).fused_walk, 2);
   EXPECT_EQ(pick(shape(2, 65536, 8, 1, 64), 2).pass_state_segments, 16);
