@@ -56,7 +56,7 @@ grep -E "^\[  FAILED  \]" "$out/test_gpu.log" | head -20
 
 # ---- compute-sanitizer on small shapes
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
-  small="Gpu.SeqIdxInsideAndOnChunkEdges:Gpu.VarlenLayout:Gpu.BatchedCuSeqlensVarlenStates:Gpu.SeqlenOneAndPartialChunks:Gpu.WalkSegments:Gpu.FusedWalk:Gpu.Chunk256RunsAs128"
+  small="Gpu.SeqIdxInsideAndOnChunkEdges:Gpu.VarlenLayout:Gpu.BatchedCuSeqlensVarlenStates:Gpu.SeqlenOneAndPartialChunks:Gpu.WalkSegments:Gpu.FusedWalk:Gpu.Chunk256RunsAs128:Gpu.WorkspaceFollowsTheSettings"
   for tool in memcheck racecheck; do
     t0=$(date +%s)
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/test_gpu" --gtest_filter="$small" \
