@@ -2,17 +2,21 @@
 """Regenerates docs/PERFORMANCE.md from the results.json of bench/bench.py.
 
   python3 bench/make_report.py OUT/results.json [MORE.json ...] [--doc docs/PERFORMANCE.md]
+                               [--previous docs/perf/results-<earlier run>.json]
 
 Everything above the marker line `<!-- design-log -->` is rewritten; the marker and everything
 below it (the hand-written design log) are kept byte for byte. A new document gets an empty
 design log. Several JSON files (for example the anchor and the model sweeps run separately) are
 merged: their results are concatenated (a later file's point replaces an earlier one of the same
 sweep and name) and the run details of each are listed. The anchor plot is redrawn from the JSON
-next to the document (docs/performance-anchor.png) when matplotlib is there.
+next to the document (docs/performance-anchor.png) when matplotlib is there. With --previous,
+a section compares each point's times with an earlier run's: Triton's times move between runs (its
+autotuner picks other configurations), so a ratio can change without a change of ours.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -192,7 +196,45 @@ def breakdown_section(bd):
     return out
 
 
-def render(docs, sources, plot_rel=None):
+def _geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def previous_section(results, prev_docs, prev_sources):
+    """Our and Triton's GPU times against an earlier run's, point by point (same sweep and name)."""
+    _, _, prev, _ = merge(prev_docs)
+    index = {(r.get("sweep"), r.get("name")): r for r in prev}
+
+    def ms(r, who):
+        return ((r or {}).get(who) or {}).get("graph_ms")
+
+    rows, per_sweep = [], {}
+    for r in results:
+        o = index.get((r.get("sweep"), r.get("name")))
+        u1, t1, u0, t0 = ms(r, "ours"), ms(r, "triton"), ms(o, "ours"), ms(o, "triton")
+        if not (u1 and t1 and u0 and t0):
+            continue
+        per_sweep.setdefault(r.get("sweep"), []).append((u1 / u0, t1 / t0, t0 / u1))
+        rows.append(f"| {r.get('sweep')} | {r.get('name')} | {u0:.4g} → {u1:.4g} | {100 * (u1 / u0 - 1):+.1f}% "
+                    f"| {t0:.4g} → {t1:.4g} | {100 * (t1 / t0 - 1):+.1f}% | {t0 / u1:.2f}x |")
+    if not rows:
+        return []
+    names = ", ".join(os.path.basename(p) for p in prev_sources)
+    out = [f"## Against the previous run ({names})", "",
+           "GPU times per call (ms) of the points both runs timed. Triton's times move between runs (its "
+           "autotuner), so the last column divides the previous run's Triton time by ours: the part of "
+           "a ratio's change that is ours.", ""]
+    for sw, v in per_sweep.items():
+        out.append(f"- {sw}: ours {100 * (_geomean([x[0] for x in v]) - 1):+.1f}%, Triton "
+                   f"{100 * (_geomean([x[1] for x in v]) - 1):+.1f}% (geomean over {len(v)} points); "
+                   f"speedup against the previous Triton times {_geomean([x[2] for x in v]):.2f}x")
+    out += ["", "| sweep | shape | ours ms | ours change | Triton ms | Triton change | previous Triton / ours |",
+            "|---|---|---:|---:|---:|---:|---:|"] + rows + [""]
+    return out
+
+
+def render(docs, sources, plot_rel=None, prev_docs=None, prev_sources=()):
     metas, ceils, results, bd = merge(docs)
     summary = rio.summarize(results)
     lines = [
@@ -222,6 +264,8 @@ def render(docs, sources, plot_rel=None):
             if plot_rel:
                 lines += [f"![speedup and fraction of the roofline floor, anchor sweep]({plot_rel})", ""]
         lines += [rio.markdown_table(rs), ""]
+    if prev_docs:
+        lines += previous_section(results, prev_docs, prev_sources)
     lines += breakdown_section(bd)
     lines += [METHOD]
     return "\n".join(lines).rstrip() + "\n\n"
@@ -257,6 +301,8 @@ def main(argv=None):
                     help="write the no-results version of the generated part (no JSON needed)")
     ap.add_argument("--doc", default=DEFAULT_DOC, help="document to (re)write (default docs/PERFORMANCE.md)")
     ap.add_argument("--no-plot", action="store_true", help="do not redraw the plot")
+    ap.add_argument("--previous", action="append", default=[], metavar="JSON",
+                    help="an earlier run's results.json: adds a section comparing each point's times with it")
     ap.add_argument("--force", action="store_true",
                     help="rewrite a document that has no design-log marker (its text is moved below one)")
     a = ap.parse_args(argv)
@@ -293,7 +339,9 @@ def main(argv=None):
                 print(f"make_report: plot failed: {e}", file=sys.stderr)
         if drawn or os.path.exists(plot_path):
             plot_rel = PLOT_NAME
-    text = (render_placeholder() if a.placeholder else render(docs, a.json, plot_rel)) + preserved
+    prev_docs = [rio.load_json(p) for p in a.previous]
+    text = (render_placeholder() if a.placeholder
+            else render(docs, a.json, plot_rel, prev_docs, a.previous)) + preserved
     os.makedirs(doc_dir, exist_ok=True)
     tmp = a.doc + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
