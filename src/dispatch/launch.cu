@@ -146,6 +146,8 @@ bool fused_needs_chunk_states(const ForwardParams& p) {
   return p.layout != Layout::kVarlen && p.varlen_states.present();
 }
 
+KernelConfig resolve_for(const KernelCall& call, std::string* source, std::string* key_out);
+
 }  // namespace
 
 WorkspaceNeeds gpu_workspace_needs(const ForwardParams& call_p, const ProblemShape& call_s, bool with_now) {
@@ -158,7 +160,7 @@ WorkspaceNeeds gpu_workspace_needs(const ForwardParams& call_p, const ProblemSha
     if (!with_now) return n;
     n.now = n.all;
     std::string source;
-    const KernelConfig cfg = resolve_kernel_config(c.p, c.s, &source, nullptr);
+    const KernelConfig cfg = resolve_for(c, &source, nullptr);
     const bool may_tune = source == "heuristic" && autotune_on_miss();  // (it may pick the two kernels)
     if (cfg.fused_walk == 2 && !may_tune) n.now = n.least;
   }

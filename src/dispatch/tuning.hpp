@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 #include "mamba2_ssd/params.hpp"
 
@@ -49,21 +48,18 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int sm_count,
                                    int max_segments) {
   const int64_t slots = 2 * static_cast<int64_t>(sm_count), sum_slots = 3 * static_cast<int64_t>(sm_count);
-  const int top = std::max(max_segments, 1);
-  std::vector<double> cost(static_cast<size_t>(top) + 1, 0.0);
-  double least = 0.0;
-  for (int64_t seg = 1; seg <= top; ++seg) {
-    const int64_t ctas = walk_heads * seg;
-    const int64_t len = (chunks + seg - 1) / seg;
+  auto cost = [&](int64_t seg) {
+    const int64_t ctas = walk_heads * seg, sum_ctas = walk_heads * dstate_tiles * (seg - 1);
+    const double len = static_cast<double>((chunks + seg - 1) / seg);
     const double alone = ctas <= sm_count ? 0.66 : 1.0;
-    double c = alone * static_cast<double>((ctas + slots - 1) / slots) * static_cast<double>(len + 1);
-    const int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
-    c += 0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * static_cast<double>(len);
-    cost[static_cast<size_t>(seg)] = c;
-    if (seg == 1 || c < least) least = c;
-  }
+    return alone * static_cast<double>((ctas + slots - 1) / slots) * (len + 1.0) +
+           0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * len;
+  };
+  const int64_t top = std::max(max_segments, 1);
+  double least = cost(1);
+  for (int64_t seg = 2; seg <= top; ++seg) least = std::min(least, cost(seg));
   int64_t seg = 1;
-  while (cost[static_cast<size_t>(seg)] > 1.01 * least) ++seg;
+  while (cost(seg) > 1.01 * least) ++seg;
   return seg;
 }
 
