@@ -41,8 +41,9 @@ struct PassTiles {
   using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<st::kP>, Int<KS>>{}));
   using AtomB = std::conditional_t<NT == 32, GMMA::Layout_MN_SW64_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
   using LayoutB = decltype(tile_to_shape(AtomB{}, Shape<Int<NT>, Int<KS>>{}));
+  // X^T * w as the A operand in registers (loaded with a transposing ldmatrix, scaled there).
   using Mma = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>, GMMA::Major::MN, GMMA::Major::MN>()));
+      GMMA::rs_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>, GMMA::Major::K, GMMA::Major::MN>()));
   static constexpr int kXBytes = st::kP * KS * 2;
   static constexpr int kBBytes = NT * KS * 2;
   static constexpr int kWOffset = kXBytes + kBBytes;           // KS floats
@@ -125,16 +126,13 @@ __global__ void __launch_bounds__(st::kThreads)
     clear(acc);
   }
 
-  // Per-thread offset of the B vector this thread scales: thread v = tid + 128 * it owns the
-  // 16-byte vector at token v / (NT / 8), column 8 * (v % (NT / 8)); the shared offset advances
-  // by 2048 bytes per iteration in this layout (tests/cpp/test_tile_layouts.cu).
-  constexpr int kBVec = NT / 8;
-  const int tb = tid / kBVec, cb = (tid % kBVec) * 8;
-  uint32_t off_b;
-  {
-    Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem + Tl::kXBytes)), typename Tl::LayoutB{});
-    off_b = static_cast<uint32_t>(reinterpret_cast<char*>(&sB(cb, tb)) - (smem + Tl::kXBytes));  // within the B tile
-  }
+  // This thread's share of X^T (p, token) as the update's A operand, and the token of each value.
+  using XFrag = decltype(make_tensor<T>(partition_shape_A(mma, Shape<Int<st::kP>, Int<KS>>{})));
+  XFrag xw;
+  auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma);
+  auto thr_x_copy = x_copy.get_slice(tid);
+  Tensor xw_dst = thr_x_copy.retile_D(xw);
+  Tensor x_tok = thr.partition_A(make_identity_tensor(Shape<Int<st::kP>, Int<KS>>{}));
   const float* w_walk = p.wst + cum_offset(p, walk.row, h, walk.g0);
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * Tl::kStageBytes);  // [kStages]
@@ -203,31 +201,25 @@ __global__ void __launch_bounds__(st::kThreads)
       }
       issue_next((stage + kStages - 1) % kStages);
       char* sp = smem + stage * Tl::kStageBytes;
-      // B *= w per token (w is 0 on padding and on tokens of an earlier sequence).
+      // X^T * w per token in registers (w is 0 on padding and on tokens of an earlier sequence).
+      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp)), typename Tl::LayoutX{});
+      Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp + Tl::kXBytes)), typename Tl::LayoutB{});
+      copy(x_copy, thr_x_copy.partition_S(sX), xw_dst);
       {
         const float* sw = reinterpret_cast<const float*>(sp + Tl::kWOffset);
 #pragma unroll
-        for (int it = 0; it < NT * KS / 8 / st::kThreads; ++it) {
-          const float w = sw[tb + it * (st::kThreads / kBVec)];
-          T* ptr = reinterpret_cast<T*>(sp + Tl::kXBytes + off_b + it * 2048);
-          uint4 raw = *reinterpret_cast<uint4*>(ptr);
-          T* vals = reinterpret_cast<T*>(&raw);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) vals[e] = from_float<T>(to_float<T>(vals[e]) * w);
-          *reinterpret_cast<uint4*>(ptr) = raw;
+        for (int i = 0; i < decltype(size(xw))::value; ++i) {
+          xw(i) = from_float<T>(to_float<T>(xw(i)) * sw[get<1>(x_tok(i))]);
         }
       }
-      fence_async_shared();
-      __syncthreads();
       if (k == 0) {
 #pragma unroll
         for (int v = 0; v < size(acc); ++v) acc(v) *= carry;
       }
-      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp)), typename Tl::LayoutX{});
-      Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp + Tl::kXBytes)), typename Tl::LayoutB{});
+      warpgroup_fence_operand(xw);
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
-      gemm(mma, thr.partition_fragment_A(sX), thr.partition_fragment_B(sB), acc);
+      gemm(mma, xw, thr.partition_fragment_B(sB), acc);
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc);
