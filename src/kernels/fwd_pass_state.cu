@@ -9,8 +9,9 @@
 // issues the X and B tiles as TMA loads and the weights as a bulk copy, completing on the
 // stage's mbarrier. Tokens past a chunk's end (the next sequence's, in the varlen layout) have
 // the weight 0, so they add exact zeros.
-// The chunk-to-chunk dependency makes the per-step latency (two barriers, the smem scaling of B,
-// one wgmma batch) the cost to keep small; parallelism comes from walks x heads x state tiles.
+// The chunk-to-chunk dependency makes the per-step latency (a barrier, X^T loaded into registers
+// and scaled by w there, one wgmma batch) the cost to keep small; parallelism comes from walks x
+// heads x state tiles.
 // Every few chunks the CTA publishes its progress (SsdParams::ready) so that compute_out, which
 // runs alongside, can use the chunk states already stored.
 // With walk segments (SsdParams::nseg > 1) two launches: the kernel's sum-only instantiation
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(st::kThreads)
   using Tl = PassTiles<T, NT, KS>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by an offset from smem_raw, so that the compiler still sees shared
-  // memory (LDS/STS for the B scaling instead of generic loads and stores).
+  // memory (LDS for the weights instead of generic loads).
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x;
   // compute_out may start as soon as every CTA of this grid is resident (it waits on `ready`).
