@@ -9,9 +9,9 @@
 // issues the X and B tiles as TMA loads and the weights as a bulk copy, completing on the
 // stage's mbarrier. Tokens past a chunk's end (the next sequence's, in the varlen layout) have
 // the weight 0, so they add exact zeros.
-// The chunk-to-chunk dependency makes the per-step latency (a barrier, X^T loaded into registers
-// and scaled by w there, one wgmma batch) the cost to keep small; parallelism comes from walks x
-// heads x state tiles.
+// The chunk-to-chunk dependency makes the per-step latency (a barrier, the scaling by the token
+// weights, one wgmma batch) the cost to keep small; parallelism comes from walks x heads x state
+// tiles.
 // Every few chunks the CTA publishes its progress (SsdParams::ready) so that compute_out, which
 // runs alongside, can use the chunk states already stored.
 // With walk segments (SsdParams::nseg > 1) two launches: the kernel's sum-only instantiation
@@ -42,9 +42,17 @@ struct PassTiles {
   using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<st::kP>, Int<KS>>{}));
   using AtomB = std::conditional_t<NT == 32, GMMA::Layout_MN_SW64_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
   using LayoutB = decltype(tile_to_shape(AtomB{}, Shape<Int<NT>, Int<KS>>{}));
-  // X^T * w as the A operand in registers (loaded with a transposing ldmatrix, scaled there).
-  using Mma = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>, GMMA::Major::K, GMMA::Major::MN>()));
+  // Where the token weights w go: 64-column tiles scale X^T in registers (loaded with a
+  // transposing ldmatrix, the A operand from there: no barrier and no shared-memory round trip);
+  // 32-column tiles scale B in shared memory, half as many values as X^T (two such CTAs share one
+  // X tile). On the H200 each was the faster for its tile (2026-11-30, design log v15).
+  static constexpr bool kWeightX = NT == 64;
+  using Mma = decltype(make_tiled_mma(std::conditional_t<
+                                      kWeightX,
+                                      decltype(GMMA::rs_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>,
+                                                                    GMMA::Major::K, GMMA::Major::MN>()),
+                                      decltype(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>,
+                                                                    GMMA::Major::MN, GMMA::Major::MN>())>{}));
   static constexpr int kXBytes = st::kP * KS * 2;
   static constexpr int kBBytes = NT * KS * 2;
   static constexpr int kWOffset = kXBytes + kBBytes;           // KS floats
@@ -70,7 +78,7 @@ __global__ void __launch_bounds__(st::kThreads)
   using Tl = PassTiles<T, NT, KS>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by an offset from smem_raw, so that the compiler still sees shared
-  // memory (LDS for the weights instead of generic loads).
+  // memory (LDS/STS for the weights and the B scaling instead of generic loads and stores).
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x;
   // compute_out may start as soon as every CTA of this grid is resident (it waits on `ready`).
@@ -127,13 +135,23 @@ __global__ void __launch_bounds__(st::kThreads)
     clear(acc);
   }
 
-  // This thread's share of X^T (p, token) as the update's A operand, and the token of each value.
+  // kWeightX: this thread's share of X^T (p, token) as the update's A operand, and the token of
+  // each value. Otherwise the offset of the B vector this thread scales: thread v = tid + 128 * it
+  // owns the 16-byte vector at token v / (NT / 8), column 8 * (v % (NT / 8)); the shared offset
+  // advances by 2048 bytes per iteration in this layout (tests/cpp/test_tile_layouts.cu).
   using XFrag = decltype(make_tensor<T>(partition_shape_A(mma, Shape<Int<st::kP>, Int<KS>>{})));
-  XFrag xw;
+  [[maybe_unused]] XFrag xw;
   auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma);
   auto thr_x_copy = x_copy.get_slice(tid);
-  Tensor xw_dst = thr_x_copy.retile_D(xw);
-  Tensor x_tok = thr.partition_A(make_identity_tensor(Shape<Int<st::kP>, Int<KS>>{}));
+  [[maybe_unused]] Tensor xw_dst = thr_x_copy.retile_D(xw);
+  [[maybe_unused]] Tensor x_tok = thr.partition_A(make_identity_tensor(Shape<Int<st::kP>, Int<KS>>{}));
+  constexpr int kBVec = NT / 8;
+  const int tb = tid / kBVec, cb = (tid % kBVec) * 8;
+  uint32_t off_b;
+  {
+    Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem + Tl::kXBytes)), typename Tl::LayoutB{});
+    off_b = static_cast<uint32_t>(reinterpret_cast<char*>(&sB(cb, tb)) - (smem + Tl::kXBytes));  // within the B tile
+  }
   const float* w_walk = p.wst + cum_offset(p, walk.row, h, walk.g0);
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * Tl::kStageBytes);  // [kStages]
@@ -202,25 +220,43 @@ __global__ void __launch_bounds__(st::kThreads)
       }
       issue_next((stage + kStages - 1) % kStages);
       char* sp = smem + stage * Tl::kStageBytes;
-      // X^T * w per token in registers (w is 0 on padding and on tokens of an earlier sequence).
+      // X^T or B times w per token (w is 0 on padding and on tokens of an earlier sequence).
       Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp)), typename Tl::LayoutX{});
       Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp + Tl::kXBytes)), typename Tl::LayoutB{});
-      copy(x_copy, thr_x_copy.partition_S(sX), xw_dst);
-      {
-        const float* sw = reinterpret_cast<const float*>(sp + Tl::kWOffset);
+      const float* sw = reinterpret_cast<const float*>(sp + Tl::kWOffset);
+      if constexpr (Tl::kWeightX) {
+        copy(x_copy, thr_x_copy.partition_S(sX), xw_dst);
 #pragma unroll
         for (int i = 0; i < decltype(size(xw))::value; ++i) {
           xw(i) = from_float<T>(to_float<T>(xw(i)) * sw[get<1>(x_tok(i))]);
         }
+      } else {
+#pragma unroll
+        for (int it = 0; it < NT * KS / 8 / st::kThreads; ++it) {
+          const float w = sw[tb + it * (st::kThreads / kBVec)];
+          T* ptr = reinterpret_cast<T*>(sp + Tl::kXBytes + off_b + it * 2048);
+          uint4 raw = *reinterpret_cast<uint4*>(ptr);
+          T* vals = reinterpret_cast<T*>(&raw);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) vals[e] = from_float<T>(to_float<T>(vals[e]) * w);
+          *reinterpret_cast<uint4*>(ptr) = raw;
+        }
+        fence_async_shared();
+        __syncthreads();
       }
       if (k == 0) {
 #pragma unroll
         for (int v = 0; v < size(acc); ++v) acc(v) *= carry;
       }
-      warpgroup_fence_operand(xw);
       warpgroup_fence_operand(acc);
-      warpgroup_arrive();
-      gemm(mma, xw, thr.partition_fragment_B(sB), acc);
+      if constexpr (Tl::kWeightX) {
+        warpgroup_fence_operand(xw);
+        warpgroup_arrive();
+        gemm(mma, xw, thr.partition_fragment_B(sB), acc);
+      } else {
+        warpgroup_arrive();
+        gemm(mma, thr.partition_fragment_A(sX), thr.partition_fragment_B(sB), acc);
+      }
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc);
