@@ -68,9 +68,12 @@ struct DeviceMirror {
 };
 
 // Tolerances (relative L2 against float64) for 16-bit inputs, as mamba_ssm's Triton kernels
-// reach them (output 2.0-2.4e-3, final state 1.6-1.7e-3).
+// reach them on the benchmark's shapes (output 2.0-2.4e-3, final state 1.6-1.7e-3). On the small
+// shapes here a final state's error is a noisy draw: 0.8-2.1e-3 over the 54 cases of two tests,
+// both with B or with X scaled by the token weights before rounding (2026-11-30), so its bar
+// sits above that spread.
 constexpr double kTolOut = 3e-3;
-constexpr double kTolFinal = 2e-3;
+constexpr double kTolFinal = 2.5e-3;
 constexpr double kTolState16 = 4e-3;  // states stored in a 16-bit type: one more rounding
 // fp32 inputs run through the bf16 tensor-core path (docs/SEMANTICS.md): their own rounding
 // to bf16 comes on top.
@@ -369,6 +372,7 @@ TEST(Gpu, FusedWalk) {
       {64, 64, 3000, 3, DType::kBFloat16},        {64, 128, 8192, 16, DType::kBFloat16},
       {128, 16, 700, 1, DType::kBFloat16},        {128, 80, 1500, 2, DType::kFloat32},
       {64, 32, 65, 1, DType::kBFloat16},          {128, 64, 129, 1, DType::kFloat16},
+      {128, 64, 1000, 4, DType::kBFloat16},       {64, 128, 1100, 8, DType::kBFloat16},  // 2-3 chunks each
   };
   for (const Case& k : cases) {
     for (bool with_seq : {false, true}) {
@@ -783,21 +787,24 @@ TEST(Gpu, TuneStoresTheBestSettingAndForwardUsesIt) {
   c.seed = 1200;
   Problem prob(c);
   DeviceMirror dm(prob);
-  DeviceBuffer ws(workspace_size(dm.gp));
+  // (room for every setting: the heuristic's fused_walk alone would need less)
+  DeviceBuffer ws(tune_workspace_size(dm.gp));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   std::string source;
   const KernelConfig before = kernel_config_for(dm.gp, &source);
   EXPECT_EQ(source, "heuristic");
+  EXPECT_EQ(before.fused_walk, 2);
   std::vector<std::string> lines;
   TuneOptions opt;
   opt.progress = [&](const std::string& l) { lines.push_back(l); };
   const TuneResult r = tune(dm.gp, ws.ptr, ws.bytes, reinterpret_cast<CUstream_st*>(stream), opt);
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(r.heuristic, before);
-  // 4 fwd_pass_state settings, segments 2 and 4 (16 chunks: at most 4) + compute_out heads 1, 2,
-  // 4 (8 heads in one group) + fused_walk in 1, 2 and 4 segments.
-  EXPECT_EQ(r.measured.size(), 12u);
+  // fused_walk in the heuristic's 8 segments (16 chunks: at most 8) + 4 fwd_pass_state settings,
+  // segments 2, 4 and 8 + compute_out heads 1, 2, 4 (8 heads in one group) + fused_walk in 1, 2
+  // and 4 segments.
+  EXPECT_EQ(r.measured.size(), 14u);
   EXPECT_EQ(lines.size(), r.measured.size());
   for (const auto& m : r.measured) EXPECT_GT(m.ms, 0.0) << m.kernel << " " << m.setting;
   EXPECT_GT(r.best_ms, 0.0);
