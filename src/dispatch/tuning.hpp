@@ -81,7 +81,7 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
 // fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies and the
 // walks have at least 32 chunks (anchor dstate 64/128 from 4K tokens: 8-25% faster than the two
-// kernels; at 1K tokens, 8 chunks, 27-43% slower), with the segments of fused_walk_segments.
+// kernels), or at least 8 when they are few (v15, below), with the segments of fused_walk_segments.
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
 // of that mode (2 where fused_walk applies).
 inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments,
@@ -111,7 +111,13 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   c.fused_walk = 1;
   const int64_t walk_heads = std::max<int64_t>(walks * s.nheads, 1);
   const int64_t chunks_per_walk = s.nchunks * s.batch / std::max<int64_t>(walks, 1);  // varlen: the mean
-  if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && chunks_per_walk >= 32))) {
+  // fused_walk from 32 chunks per walk; from 8 where the walks are too few to fill the SMs with
+  // 64-column tiles (the two kernels' chain is then the call's length: anchor dstate 64 / 128 at
+  // 1K tokens, 25.5 / 27.1 us in the two kernels, 20.8 / 23.7 in fused_walk's 4 segments; 2.7B
+  // 1 x 2K, 160 such tiles: 69.7 us in the two kernels, 73.3 fused).
+  const bool few_walks = 2 * ctas64 < sm_count;
+  const bool fused_pays = chunks_per_walk >= 32 || (few_walks && chunks_per_walk >= 8);
+  if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;
     const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,
                                                  max_segments);
@@ -120,13 +126,14 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   return c;
 }
 
-// fwd_pass_state's walk segments: at most 16, and a quarter of the walks' mean chunk count (the
-// sums take fp32 states per walk and segment: at most half of what the 16-bit chunk states
-// take; shorter segments would also cost more in sums than they save in chain). In the varlen
-// layout s.nchunks bounds the chunks of all s.nseq sequences together.
+// fwd_pass_state's walk segments: at most 16, and half the walks' mean chunk count (the sums
+// take fp32 states per walk and segment: at most what the 16-bit chunk states take). Segments of
+// two chunks pay for short walks in fused_walk (anchor dstate 64 / 128 at 1K tokens: 4 segments,
+// 27-30% faster than 2). In the varlen layout s.nchunks bounds the chunks of all s.nseq sequences
+// together.
 inline int max_walk_segments(const ProblemShape& s, bool varlen) {
   const int64_t mean_chunks = varlen ? s.nchunks / std::max<int64_t>(s.nseq, 1) : s.nchunks;
-  return static_cast<int>(std::clamp<int64_t>(mean_chunks / 4, 1, 16));
+  return static_cast<int>(std::clamp<int64_t>(mean_chunks / 2, 1, 16));
 }
 
 // MAMBA2_SSD_AUTOTUNE=1: forward() tunes a shape class it has no cache entry for (1 s budget).

@@ -198,14 +198,16 @@ TEST(TuningHeuristic, WalkSegmentsAllowed) {
   s.nchunks = 512;
   EXPECT_EQ(detail::max_walk_segments(s, false), 16);
   s.nchunks = 16;
-  EXPECT_EQ(detail::max_walk_segments(s, false), 4);
+  EXPECT_EQ(detail::max_walk_segments(s, false), 8);
   s.nchunks = 7;
+  EXPECT_EQ(detail::max_walk_segments(s, false), 3);
+  s.nchunks = 3;
   EXPECT_EQ(detail::max_walk_segments(s, false), 1);
   s.nchunks = 60;
   s.nseq = 3;
-  EXPECT_EQ(detail::max_walk_segments(s, true), 5);
+  EXPECT_EQ(detail::max_walk_segments(s, true), 10);
   s.nchunks = 26;
-  s.nseq = 6;
+  s.nseq = 9;
   EXPECT_EQ(detail::max_walk_segments(s, true), 1);
   // The shapes of the GPU test Gpu.WalkSegments still split (else that test would check
   // nothing about segments): batched chunk counts and the segments each one asks for.
@@ -298,12 +300,16 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 16, 2}));
   EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
-  EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 1, 1}));
+  EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4).fused_walk, 2);
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 1, 1}));
   // dstate 64 with 128-token chunks: one head per compute_out CTA
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2}));
-  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 1, 1}));
+  // short walks, few of them (32 or 64 tiles of 64 columns): fused from 8 chunks on, in the
+  // model's segments (1K tokens: 4 for dstate 64 and 128); two kernels under 8 chunks
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128), 4), (KernelConfig{32, 2, 1, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 896, 8, 1, 64), 4).fused_walk, 1);
   // a short sequence: one head per compute_out CTA (two would be under one wave)
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).compute_out_heads_per_cta, 1);
   // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, 4 segments for 4
@@ -327,7 +333,7 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).fused_walk, 2);
   EXPECT_EQ(pick(shape(2, 65536, 8, 1, 64), 2).pass_state_segments, 16);
   EXPECT_EQ(pick(shape(1, 16384, 10, 1, 128, 256), 1).pass_state_segments, 8);
-  EXPECT_EQ(pick(shape(1, 2048, 8, 1, 128), 1).pass_state_segments, 1);  // 16 chunks: 2 would not pay
+  EXPECT_EQ(pick(shape(1, 2048, 8, 1, 128), 1), (KernelConfig{32, 2, 1, 8, 2}));  // 16 chunks: fused, 8 of 2
 }
 
 TEST(TuningValidate, ExplicitSettingsAreChecked) {
