@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_rea
 
 # Relative L2 bounds against float64, as in tests/cpp/test_gpu.cpp.
 TOL_OUT = 3e-3
-TOL_FINAL = 2e-3  # float32 states
+TOL_FINAL = 2.5e-3  # float32 states (see tests/cpp/test_gpu.cpp)
 TOL_STATE16 = 4e-3  # states stored in a 16-bit dtype: one more rounding
 TOL_FP32_INPUTS = 4e-3  # fp32 inputs are rounded to bf16 for the tensor cores (docs/SEMANTICS.md)
 FEW_ELEMENTS = 16384  # below this many elements the error averages over few roundings: 1.5x
@@ -229,9 +229,9 @@ def test_gpu_tune_caches_the_best_setting(tmp_path, monkeypatch):
             r = mamba2_ssd.tune(x, dt, A, B, C, 128, D=A.new_ones(8), budget_seconds=30)
             after = mamba_chunk_scan_combined(x, dt, A, B, C, 128, D=A.new_ones(8))
         assert r["complete"] and r["key"]
-        # 4 fwd_pass_state settings, 2 walk segments (8 chunks: at most 2), heads 1/2/4, fused_walk
-        # in 1 and 2 segments
-        assert len(r["measured"]) == 10
+        # fused_walk in the heuristic's 4 segments (8 chunks: at most 4), 4 fwd_pass_state settings,
+        # 2 and 4 walk segments, heads 1/2/4, fused_walk in 1 and 2 segments
+        assert len(r["measured"]) == 12
         assert r["best"]["fused_walk"] in (1, 2)
         assert 0 < r["best_ms"] <= r["heuristic_ms"]
         assert r["best"]["compute_out_heads_per_cta"] in (1, 2, 4)
