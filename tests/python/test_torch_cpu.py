@@ -414,14 +414,22 @@ def test_torch_compile_dynamic_shapes():
 
 
 def test_eager_fast_path():
-    """The opt-in dispatcher bypass gives the same results and steps aside whenever something
-    intercepts operators (here: FakeTensorMode)."""
+    """The dispatcher bypass (on by default) gives the same results as the operator and steps
+    aside whenever something intercepts operators (here: FakeTensorMode) or the profiler
+    records (the call then shows up as the mamba2_ssd op)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     x, dt, A, B, C = make()
-    ref, ref_final = mamba_chunk_scan_combined(x, dt, A, B, C, 16, return_final_states=True)
+    prev = torch_ops.set_eager_fast_path(False)
+    try:
+        ref, ref_final = mamba_chunk_scan_combined(x, dt, A, B, C, 16, return_final_states=True)
+    finally:
+        torch_ops.set_eager_fast_path(prev)
     prev = torch_ops.set_eager_fast_path(True)
     try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            mamba_chunk_scan_combined(x, dt, A, B, C, 16)
+        assert any(e.name.startswith("mamba2_ssd::chunk_scan_fwd") for e in prof.events())
         out, final = mamba_chunk_scan_combined(x, dt, A, B, C, 16, return_final_states=True)
         assert torch.equal(out, ref) and torch.equal(final, ref_final)
         o = torch.empty_like(x)
