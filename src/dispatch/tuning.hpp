@@ -89,7 +89,9 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   KernelConfig c;
   const int64_t p_tiles = (s.headdim + 63) / 64;
   const int64_t ctas64 = walks * s.nheads * p_tiles * ((s.dstate + 63) / 64);
-  c.pass_state_dstate_tile = 2 * ctas64 < sm_count ? 32 : 64;
+  // (few walks: 64-column tiles would fill under half of the SMs)
+  const bool few_walks = 2 * ctas64 < sm_count;
+  c.pass_state_dstate_tile = few_walks ? 32 : 64;
   c.pass_state_stages = 2;
   c.pass_state_segments = 1;
   const int64_t segments = std::min<int64_t>({2 * sm_count / std::max<int64_t>(ctas64, 1), s.nchunks / 8, max_segments});
@@ -115,7 +117,6 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   // 64-column tiles (the two kernels' chain is then the call's length: anchor dstate 64 / 128 at
   // 1K tokens, 25.5 / 27.1 us in the two kernels, 20.8 / 23.7 in fused_walk's 4 segments; 2.7B
   // 1 x 2K, 160 such tiles: 69.7 us in the two kernels, 73.3 fused).
-  const bool few_walks = 2 * ctas64 < sm_count;
   const bool fused_pays = chunks_per_walk >= 32 || (few_walks && chunks_per_walk >= 8);
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;
