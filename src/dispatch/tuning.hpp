@@ -24,18 +24,21 @@ inline int64_t kernel_chunk_size(const ForwardParams& p) {
   return chunk_bound ? p.chunk_size : 128;
 }
 
-// fused_walk takes headdim 64, dstate up to 128 and chunks of 64 or 128 tokens (its state and
-// shared memory; kernels::fused_walk_supported checks the same at launch).
+// fused_walk takes headdim 64 with dstate up to 128 and chunks of 64 or 128 tokens, or dstate up
+// to 256 and chunks of 128 (two warpgroups, one per 64-token block; its state and shared memory:
+// kernels::fused_walk_supported checks the same at launch).
 inline bool fused_walk_applies(const ProblemShape& s) {
-  return s.headdim == 64 && s.dstate <= 128 && (s.chunk_size == 64 || s.chunk_size == 128);
+  if (s.headdim != 64) return false;
+  return (s.dstate <= 128 && (s.chunk_size == 64 || s.chunk_size == 128)) || (s.dstate <= 256 && s.chunk_size == 128);
 }
 
 // fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks with states of
 // dstate_tiles 64-column tiles: the count with the least modelled time, in units of one chunk of a
-// CTA that shares its SM with another (two fit per SM).
-// - fused_walk: its CTAs run in waves of 2 x sm_count, each wave costing its segment length plus
-//   one chunk of start-up; where all CTAs fit one per SM they run alone, 1.5x faster (anchor
-//   dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
+// CTA that shares its SM with another (two fit per SM; dstate above 128: one CTA of two
+// warpgroups per SM, its chunk counted as one such unit).
+// - fused_walk: its CTAs run in waves of ctas_per_sm x sm_count, each wave costing its segment
+//   length plus one chunk of start-up; where two fit per SM but all CTAs fit one per SM they run
+//   alone, 1.5x faster (anchor dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
 // - The segment sums run first, one CTA per chain, tile and segment but the last, three per SM,
 //   each walking its segment: waves of 3 x sm_count CTAs at 0.15 per chunk. Their waves matter:
 //   the sums of the anchor dstate 128 at 64K take 199 us in 8 segments (448 CTAs, two waves of
@@ -45,13 +48,15 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // the fastest or one within 1% on each (1 row x 20 heads x 512 chunks: 13, 410 us against 544 in
 // 16; 1 row x 80 heads x 512 chunks: 13, 1.41 ms against 1.52 in 6; anchor dstate 128 at 64K: 16,
 // at 16K: 8).
+inline int fused_walk_ctas_per_sm(int64_t dstate) { return dstate > 128 ? 1 : 2; }
 inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int sm_count,
                                    int max_segments) {
-  const int64_t slots = 2 * static_cast<int64_t>(sm_count), sum_slots = 3 * static_cast<int64_t>(sm_count);
+  const int per_sm = fused_walk_ctas_per_sm(64 * dstate_tiles);
+  const int64_t slots = per_sm * static_cast<int64_t>(sm_count), sum_slots = 3 * static_cast<int64_t>(sm_count);
   auto cost = [&](int64_t seg) {
     const int64_t ctas = walk_heads * seg, sum_ctas = walk_heads * dstate_tiles * (seg - 1);
     const double len = static_cast<double>((chunks + seg - 1) / seg);
-    const double alone = ctas <= sm_count ? 0.66 : 1.0;
+    const double alone = per_sm == 2 && ctas <= sm_count ? 0.66 : 1.0;
     return alone * static_cast<double>((ctas + slots - 1) / slots) * (len + 1.0) +
            0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * len;
   };
@@ -81,7 +86,8 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
 // fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies and the
 // walks have at least 32 chunks (anchor dstate 64/128 from 4K tokens: 8-25% faster than the two
-// kernels), or at least 8 when they are few (v15, below), with the segments of fused_walk_segments.
+// kernels), or at least 8 when they are few (v15) or dstate is above 128 (v16), with the segments
+// of fused_walk_segments.
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
 // of that mode (2 where fused_walk applies).
 inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments,
@@ -117,7 +123,11 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   // 64-column tiles (the two kernels' chain is then the call's length: anchor dstate 64 / 128 at
   // 1K tokens, 25.5 / 27.1 us in the two kernels, 20.8 / 23.7 in fused_walk's 4 segments; 2.7B
   // 1 x 2K, 160 such tiles: 69.7 us in the two kernels, 73.3 fused).
-  const bool fused_pays = chunks_per_walk >= 32 || (few_walks && chunks_per_walk >= 8);
+  // Above dstate 128 (two warpgroups) from 8 chunks per walk: the two kernels move each 16-bit
+  // chunk state through global memory twice, twice as many bytes as at dstate 128 (anchor
+  // dstate 256 at 1K / 64K tokens: 35.1 / 1100 us in the two kernels, 28.2 / 890 in fused_walk).
+  const bool fused_pays = s.dstate > 128 ? chunks_per_walk >= 8
+                                         : chunks_per_walk >= 32 || (few_walks && chunks_per_walk >= 8);
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;
     const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,

@@ -125,7 +125,7 @@ __device__ __forceinline__ float4 load4_16(const void* ptr) {
 }
 
 // The epilogue of a CTA's heads: out = (acc_h + D x) * silu(z) for the rows t < count.
-// Each warp owns rows 16 w .. 16 w + 15 of every accumulator. For every (head, 64-column half)
+// Run by one warpgroup (`s_y` its own). Each warp owns rows 16 w .. 16 w + 15 of every accumulator. For every (head, 64-column half)
 // the warp stages those rows in `s_y` (fp32, 64 x 64; element (row, col) at
 // row * 64 + (col ^ 4 (row % 8)): conflict-free float2 writes and float4 reads), then reads
 // them back four columns per lane, 16 lanes per row, so x, z and out move as 8- or 16-byte
@@ -139,7 +139,7 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
                                                XTile x_tile, XInSmem x_in_smem, const ChunkInfo& ci, int m,
                                                int64_t h0, int nh) {
   constexpr int kHalves = P / 64;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32;  // (warp within the warpgroup)
   const bool io16 = p.io_dtype != DType::kFloat32;
   // Staging: rows ra = 16 w + lane / 4 and ra + 8 (both = lane / 4 mod 8), columns 8 k + 2 (lane % 4).
   const int ra = acc_row(0), rb = acc_row(2);

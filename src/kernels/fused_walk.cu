@@ -1,8 +1,9 @@
 // fused_walk: the state walk and every chunk's output in one kernel; the chunk states stay on chip.
 //
-// One CTA (one warpgroup) per (walk, head, walk segment) walks the segment's chunks in order,
-// with the head's whole 64 x N state (headdim 64, dstate N <= 128) as a wgmma accumulator in
-// registers (fp32). For every chunk:
+// One CTA per (walk, head, walk segment) walks the segment's chunks in order, with the head's
+// whole 64 x N state (headdim 64) as wgmma accumulators in registers (fp32): one warpgroup holds
+// it for dstate N <= 128; for N <= 256 two warpgroups hold 128 columns each (see `Fused`). For
+// every chunk:
 //   H_s = H rounded to T, in shared memory (the B operand of C H^T);  then H *= carry
 //   for every 64-token block m of the chunk (t: its tokens):
 //     acc  = (C_m H_s^T) * exp2(cum_t)                    (0 for tokens of another sequence)
@@ -18,7 +19,8 @@
 // buffer, refilled with the next chunk's once the chunk is done: the shared memory of a CTA is
 // kept small enough for two CTAs per SM, whose loads and steps overlap: every step of the chain
 // waits for its wgmma, and one CTA per SM with a double buffer made the anchor's long calls 1.4x
-// slower (docs/PERFORMANCE.md, v12).
+// slower (docs/PERFORMANCE.md, v12). Above dstate 128 the chunk's tiles take 145 KB: one CTA per
+// SM, its two warpgroups (blocks 0 and 1 of a 128-token chunk) overlapping each other instead.
 // Parallelism is walks x heads x segments. Segments work as in fwd_pass_state: its sum-only
 // launch (64-column tiles) runs first, and segment k starts from the combined sums.
 #include "kernels/chunk_out.cuh"
@@ -43,13 +45,20 @@ __device__ __forceinline__ uint32_t pair_offset(int t, int k, int lane) {
   return static_cast<uint32_t>(t * 128 + ((k ^ (lane / 4)) << 4) + (lane % 4) * 4);
 }
 
-template <class T, int NK>  // NK: 64-column dstate slices (1 or 2)
+// NK: 64-column dstate slices (1, 2 or 4). With 4 the CTA has two warpgroups: warpgroup w holds
+// state columns 128 w .. 128 w + 127 (the update's share of the chunk's tokens, all its blocks)
+// and computes the output of block m = w (C_m H_s^T over the whole H_s in shared memory, which
+// both write). A 64 x 256 state per warpgroup would take 128 more registers per thread.
+template <class T, int NK>
 struct Fused {
   using Tr = Traits<T, 64>;
-  static constexpr int kN_state = NK * kN;
+  static constexpr int kWarpgroups = NK == 4 ? 2 : 1;
+  static constexpr int kThreadsAll = kThreads * kWarpgroups;
+  static constexpr int kStateSlices = NK / kWarpgroups;  // per warpgroup
+  static constexpr int kN_state = kStateSlices * kN;
   // The update's operands: X_m * w as (p, token) in registers (A, loaded from the X tile with
-  // transposing ldmatrix and scaled there), and B_m as (n, token) over its NK slices, the same
-  // bytes as the (token, n) slices of C B^T (MN-major B).
+  // transposing ldmatrix and scaled there), and B_m as (n, token) over the warpgroup's slices,
+  // the same bytes as the (token, n) slices of C B^T (MN-major B).
   using LayoutBn = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<kN_state>, Int<kM>>{},
                                           Step<_2, _1>{}));
   using MmaUpd = decltype(make_tiled_mma(
@@ -64,9 +73,9 @@ __host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
   return ((q / kM) * block_bytes + 3 * q * 4 + 1023) / 1024 * 1024;
 }
 // The epilogue's fp32 staging (64 x 64, 16 KB): in C_m's tile once block m is done with it where
-// that is as large (NK = 2), else its own.
+// that is as large (NK >= 2; only the warpgroup of block m reads C_m), else its own.
 template <int NK>
-constexpr int staging_bytes() { return NK == 2 ? 0 : kM * kN * 4; }
+constexpr int staging_bytes() { return NK >= 2 ? 0 : kM * kN * 4; }
 
 // Shared memory: [chunk buffer][H_s: NK slices][y staging][D: 64][seq_idx: q][mbarriers: q / 64],
 // after up to 1 KB of alignment.
@@ -77,15 +86,20 @@ constexpr int fused_smem_bytes(int q) {
          (q / kM) * 8;
 }
 
+// Two CTAs per SM of one warpgroup, one of two (NK = 4: its shared memory).
 template <class T, int NK>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::kWarpgroups)
     fused_walk_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps) {
   using F = Fused<T, NK>;
   using Tr = typename F::Tr;
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x, lane = tid % 32;
-  const int q = p.chunk, nb = q / kM;
+  const int wg = tid / kThreads, wtid = tid % kThreads;  // warpgroup, thread within it
+  const int n_own = wg * F::kN_state;                     // the warpgroup's first state column
+  // (NK = 4 takes chunks of 128 only; as a constant, the shared-memory offsets that depend on it
+  // take no registers: with two warpgroups the uniform registers spilled)
+  const int q = NK == 4 ? 128 : p.chunk, nb = q / kM;
   const int64_t h = blockIdx.y;
   const int seg = static_cast<int>(blockIdx.z % p.nseg);
   const Walk walk = make_walk(p, blockIdx.z / p.nseg);
@@ -139,19 +153,24 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // ---- the state entering the segment
   typename F::MmaUpd mma_up;
-  auto thr_up = mma_up.get_slice(tid);
+  auto thr_up = mma_up.get_slice(wtid);
   Tensor hacc = partition_fragment_C(mma_up, Shape<_64, Int<F::kN_state>>{});
   static_assert(decltype(size(hacc))::value == F::kAccVals, "state fragment size");
   if (seg == 0 && p.init != nullptr) {
     const void* src = static_cast<const char*>(p.init) +
                       (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
-    st::load_tile(hacc, src, p.init_dtype, p.init_sp, 0, 0, p);
+    st::load_tile(hacc, src, p.init_dtype, p.init_sp, 0, n_own, p);
   } else if (seg > 0) {
     // T_1 = sum_0, T_k = carry_{k-1} T_{k-1} + sum_{k-1} (fwd_pass_state's sums: 64 x 64 tiles in
-    // fragment order; value v of this 64 x N fragment is value v % 32 of tile v / 32).
+    // fragment order; value v of this warpgroup's fragment is value v % 32 of its tile v / 32).
     const int64_t base = (walk.walk * p.nheads + h) * (p.nseg - 1);
+    // (Two warpgroups: the second one's last tile is past dstate when dstate <= 192; no sums
+    // there, and its columns stay 0.)
+    const int tile0 = wg * F::kStateSlices;
     auto sum_at = [&](int k, int v) {
-      return p.seg_sums[(((base + k) * p.ready_tiles + (v >> 5)) * 32 + (v & 31)) * kThreads + tid];
+      const int tile = tile0 + (v >> 5);
+      return tile < p.ready_tiles ? p.seg_sums[(((base + k) * p.ready_tiles + tile) * 32 + (v & 31)) * kThreads + wtid]
+                                  : 0.0f;
     };
 #pragma unroll
     for (int v = 0; v < F::kAccVals; ++v) hacc(v) = sum_at(0, v);
@@ -168,9 +187,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   typename Tr::MmaCB mma_cb;
   typename Tr::MmaCH mma_ch;
   typename Tr::MmaSX mma_sx;
-  auto thr_cb = mma_cb.get_slice(tid);
-  auto thr_ch = mma_ch.get_slice(tid);
-  auto thr_sx = mma_sx.get_slice(tid);
+  auto thr_cb = mma_cb.get_slice(wtid);
+  auto thr_ch = mma_ch.get_slice(wtid);
+  auto thr_sx = mma_sx.get_slice(wtid);
   Tensor cb = partition_fragment_C(mma_cb, Shape<Int<kM>, Int<kN>>{});
   using AccFrag = decltype(partition_fragment_C(mma_ch, Shape<Int<kM>, Int<64>>{}));
   AccFrag acc[1];
@@ -182,12 +201,35 @@ __global__ void __launch_bounds__(kThreads, 2)
   using XFrag = decltype(make_tensor<T>(partition_shape_A(mma_up, Shape<_64, Int<kM>>{})));
   XFrag xw;
   auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma_up);
-  auto thr_x_copy = x_copy.get_slice(tid);
-  Tensor xw_dst = thr_x_copy.retile_D(xw);
+  auto thr_x_copy = x_copy.get_slice(wtid);
   Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));  // (p, token) of each value
+  // xw = X_mu^T * w (block mu of the buffer, tokens scaled by their state weights).
+  auto load_xw = [&](const char* buf_base, const float* s_w_base, int mu) {
+    Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(buf_base + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
+                            typename Tr::LayoutX{});
+    Tensor dst = thr_x_copy.retile_D(xw);
+    copy(x_copy, thr_x_copy.partition_S(sX), dst);
+    const float* w_m = s_w_base + mu * kM;
+#pragma unroll
+    for (int e = 0; e < decltype(size(xw))::value; ++e) {
+      xw(e) = from_float<T>(to_float<T>(xw(e)) * w_m[get<1>(x_tok(e))]);
+    }
+  };
+  // The update H += (X_mu * w)^T B_mu over the warpgroup's slices, issued as one batch (xw is
+  // read by it until it completes).
+  auto update_mma = [&](const char* buf_base, int mu) {
+    Tensor sBn = make_tensor(
+        make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf_base) + mu * F::kBlockBytes +
+                                           (NK + wg * F::kStateSlices) * F::kSlice)),
+        typename F::LayoutBn{});
+    warpgroup_fence_operand(xw);
+    warpgroup_fence_operand(hacc);
+    warpgroup_arrive();
+    wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
+    warpgroup_commit_batch();
+  };
   const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + walk.row * p.seq_sb : nullptr;
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
-  const int64_t esz = dtype_size_dev(p.state_dtype);
   uint32_t parity = 0;  // the phase of the block mbarriers to wait for
   float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
 
@@ -214,7 +256,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int v = 0; v < F::kAccVals; v += 2) {
       const T pair[2] = {from_float<T>(hacc(v)), from_float<T>(hacc(v + 1))};
-      *reinterpret_cast<uint32_t*>(s_h + (v >> 5) * F::kSlice + pair_offset(acc_row(v), (v >> 2) & 7, lane)) =
+      char* slice = s_h + (wg * F::kStateSlices + (v >> 5)) * F::kSlice;
+      *reinterpret_cast<uint32_t*>(slice + pair_offset(acc_row(v), (v >> 2) & 7, lane)) =
           *reinterpret_cast<const uint32_t*>(pair);
     }
     fence_async_shared();
@@ -225,9 +268,17 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= carry;
     warpgroup_fence_operand(hacc);
+    // Two warpgroups: block 0's update first (it completes before the output's first wait
+    // returns), block 1's after the output, as one warpgroup does each block's.
+    if constexpr (F::kWarpgroups == 2) {
+      load_xw(buf, s_w, 0);
+      update_mma(buf, 0);
+    }
 
+    // The blocks whose output this warpgroup computes (two warpgroups: one each).
+    const int m_first = F::kWarpgroups == 2 ? wg : 0, m_end = F::kWarpgroups == 2 ? wg + 1 : nb;
 #pragma unroll 1
-    for (int m = 0; m < nb; ++m) {
+    for (int m = m_first; m < m_end; ++m) {
       char* blk = buf + m * F::kBlockBytes;
       tma::mbar_wait(bars + m, parity);
       // This thread's rows t of the block and their sequence bounds (compute_out's rules).
@@ -335,36 +386,24 @@ __global__ void __launch_bounds__(kThreads, 2)
       warpgroup_arrive();
       issue_sx(m);
       warpgroup_commit_batch();
-      // X_m^T * w for the update while S_mm X_m runs: X_m^T into registers (transposing
-      // ldmatrix; the wgmma reads the same tile), times w per token.
+      // X^T * w for the update while S_mm X_m runs: X^T into registers (transposing ldmatrix;
+      // the wgmma reads the same tile), times w per token. One warpgroup: block m's; two: block
+      // 1's (each warpgroup updates its columns with all of the chunk's tokens).
       const char* x_m = blk + 2 * NK * F::kSlice;
-      {
-        Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(x_m)), typename Tr::LayoutX{});
-        copy(x_copy, thr_x_copy.partition_S(sX), xw_dst);
-        const float* w_m = s_w + m * kM;
-#pragma unroll
-        for (int i = 0; i < decltype(size(xw))::value; ++i) {
-          xw(i) = from_float<T>(to_float<T>(xw(i)) * w_m[get<1>(x_tok(i))]);
-        }
-      }
+      const int m_up = F::kWarpgroups == 1 ? m : 1;  // (two warpgroups: block 1, see above)
+      if (F::kWarpgroups == 2 && m == 0) tma::mbar_wait(bars + 1, parity);
+      load_xw(buf, s_w, m_up);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc[0]);
 
       // ---- H += (X_m * w)^T B_m, left in flight under the epilogue (which reads acc and the
       // staging, not hacc or B_m); the next block's first wait, or the chunk's end, waits for it.
-      {
-        Tensor sBn = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + NK * F::kSlice)), typename F::LayoutBn{});
-        warpgroup_fence_operand(xw);
-        warpgroup_fence_operand(hacc);
-        warpgroup_arrive();
-        wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
-        warpgroup_commit_batch();
-      }
+      update_mma(buf, m_up);
 
       // ---- out_m (x for D x from X_m in the buffer; the staging in C_m's tile, now unused:
       // every wgmma that read it has completed, each needing all four warps). A TMA store of
       // the block from shared memory instead was 3-7% slower on the H200 (2026-11-30).
-      float* s_y = NK == 2 ? reinterpret_cast<float*>(blk) : s_y_own;
+      float* s_y = NK >= 2 ? reinterpret_cast<float*>(blk) : s_y_own;
       epilogue_heads<T, 64, 1>(
           p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
     }
@@ -373,8 +412,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     parity ^= 1u;
     // The state after chunk c, where the caller wants the chunk states.
     if (p.states != nullptr) {
-      char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) * esz;
-      st::store_tile(hacc, dst, p.state_dtype, p.st_sp, 0, 0, p);
+      char* dst = static_cast<char*>(p.states) +
+                  (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
+      st::store_tile(hacc, dst, p.state_dtype, p.st_sp, 0, n_own, p);
     }
     // Refill the buffer with the next chunk once every thread is done reading it (generic
     // accesses ordered before the TMA writes).
@@ -385,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (p.final_states != nullptr && c_end == walk.nchunks) {
     char* dst = static_cast<char*>(p.final_states) +
                 (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
-    st::store_tile(hacc, dst, p.fin_dtype, p.fin_sp, 0, 0, p);
+    st::store_tile(hacc, dst, p.fin_dtype, p.fin_sp, 0, n_own, p);
   }
 }
 
@@ -400,19 +440,21 @@ void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks,
     attr_bytes = smem;
   }
   const dim3 grid(1, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
-  kernel<<<grid, kThreads, smem, stream>>>(p, maps);
+  kernel<<<grid, Fused<T, NK>::kThreadsAll, smem, stream>>>(p, maps);
   check_cuda(cudaGetLastError(), "launch fused_walk");
 }
 
 }  // namespace
 
 bool fused_walk_supported(const SsdParams& p) {
-  return p.headdim == 64 && p.dstate <= 128 && (p.chunk == 64 || p.chunk == 128);
+  return p.headdim == 64 && ((p.dstate <= 128 && (p.chunk == 64 || p.chunk == 128)) ||
+                             (p.dstate <= 256 && p.chunk == 128));
 }
 
 void launch_fused_walk(const SsdParams& p, cudaStream_t stream) {
   if (!fused_walk_supported(p)) {
-    throw_launch_error("fused_walk: takes headdim 64, dstate <= 128 and chunk 64 or 128, got headdim " +
+    throw_launch_error("fused_walk: takes headdim 64 with dstate <= 128 and chunk 64 or 128, or dstate <= 256 and "
+                       "chunk 128, got headdim " +
                        std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) + ", chunk " +
                        std::to_string(p.chunk));
   }
@@ -429,9 +471,12 @@ void launch_fused_walk(const SsdParams& p, cudaStream_t stream) {
   if (p.dstate <= 64) {
     if (p.fp16) launch_typed<cutlass::half_t, 1>(p, maps, walks, stream);
     else launch_typed<cutlass::bfloat16_t, 1>(p, maps, walks, stream);
-  } else {
+  } else if (p.dstate <= 128) {
     if (p.fp16) launch_typed<cutlass::half_t, 2>(p, maps, walks, stream);
     else launch_typed<cutlass::bfloat16_t, 2>(p, maps, walks, stream);
+  } else {
+    if (p.fp16) launch_typed<cutlass::half_t, 4>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 4>(p, maps, walks, stream);
   }
 }
 

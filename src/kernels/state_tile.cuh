@@ -169,8 +169,9 @@ __device__ __forceinline__ auto make_acc() {
 
 // Accumulator element v of this thread <-> (row, col) of the 64 x NT tile (wgmma C layout:
 // value modes (column pair, row half, 8-column group)).
+// (The warp within its warpgroup: a CTA of two warpgroups holds two such fragments.)
 __device__ __forceinline__ int acc_row(int v) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   return warp * 16 + lane / 4 + 8 * ((v >> 1) & 1);
 }
 __device__ __forceinline__ int acc_col(int v) {

@@ -354,8 +354,8 @@ TEST(Gpu, WalkSegments) {
 }
 
 // fused_walk (the walk and the output in one kernel, KernelConfig::fused_walk = 2): every option on the
-// shapes it takes (headdim 64, dstate <= 128, chunk 64 or 128): dstates below one and between
-// two 64-column slices, segments (uneven, with seq_idx starts on and across their edges),
+// shapes it takes (headdim 64, dstate <= 128 with chunk 64 or 128, dstate <= 256 with chunk 128):
+// dstates below one and between 64-column slices, segments (uneven, with seq_idx starts on and across their edges),
 // groups, z, D per headdim, dt bias/softplus/limits, chunk and final states in every dtype,
 // fp16 and fp32 inputs, partial chunks, the varlen layout (empty and one-token sequences) and
 // batched cu_seqlens with varlen_states. Shapes it does not take run the two-kernel path.
@@ -373,6 +373,9 @@ TEST(Gpu, FusedWalk) {
       {128, 16, 700, 1, DType::kBFloat16},        {128, 80, 1500, 2, DType::kFloat32},
       {64, 32, 65, 1, DType::kBFloat16},          {128, 64, 129, 1, DType::kFloat16},
       {128, 64, 1000, 4, DType::kBFloat16},       {64, 128, 1100, 8, DType::kBFloat16},  // 2-3 chunks each
+      // dstate above 128 (two warpgroups)
+      {128, 256, 3000 + 45, 1, DType::kBFloat16}, {128, 192, 2100, 3, DType::kFloat16},
+      {128, 256, 4096, 6, DType::kFloat32},       {128, 144, 700, 2, DType::kBFloat16},
   };
   for (const Case& k : cases) {
     for (bool with_seq : {false, true}) {
@@ -391,8 +394,9 @@ TEST(Gpu, FusedWalk) {
       check_problem(c, "fused");
     }
   }
-  {
+  for (int64_t n : {128, 256}) {
     ProblemConfig c = base_config();
+    c.dstate = n;
     c.nheads = 8;
     c.ngroups = 2;
     c.d_mode = DMode::kPerHeadDim;
@@ -409,10 +413,12 @@ TEST(Gpu, FusedWalk) {
     c.seed = ++seed;
     check_problem(c, "fused-options");
   }
-  for (int64_t q : {64, 128}) {
+  for (int64_t qn : {64, 128, 256}) {  // chunk 64, 128; 256: chunk 128 with dstate 256
+    const int64_t q = qn == 256 ? 128 : qn;
     ProblemConfig v = base_config();
     v.layout = Layout::kVarlen;
     v.chunk_size = q;
+    if (qn == 256) v.dstate = 256;
     v.seqlens = {70, 0, 1, 2000, 513, 40};
     v.want_chunk_states = true;
     v.has_z = true;
@@ -420,6 +426,7 @@ TEST(Gpu, FusedWalk) {
     v.seed = ++seed;
     check_problem(v, "fused-varlen");
     ProblemConfig b = packed_sequences_config(q);
+    if (qn == 256) b.dstate = 256;
     b.kernel_config = {0, 0, 0, 0, 2};
     b.seed = ++seed;
     check_problem(b, "fused-cu_seqlens");

@@ -225,7 +225,8 @@ TEST(TuningHeuristic, WalkSegmentsAllowed) {
   EXPECT_GE(detail::max_walk_segments(v, true), 4);
 }
 
-// fused_walk takes headdim 64, dstate up to 128 and chunks of 64 or 128 tokens; the dispatcher
+// fused_walk takes headdim 64 with dstate up to 128 and chunks of 64 or 128 tokens, or dstate up
+// to 256 and chunks of 128; the dispatcher
 // runs the two kernels for anything else even when fused_walk = 2 is asked for, so this pins
 // that the GPU test Gpu.FusedWalk's shapes really take fused_walk (else it would check nothing
 // about it) and that the others do not.
@@ -240,7 +241,10 @@ TEST(TuningHeuristic, FusedWalkApplies) {
     EXPECT_TRUE(detail::fused_walk_applies(shape(64, qn[1], qn[0]))) << "chunk " << qn[0] << " dstate " << qn[1];
   }
   EXPECT_FALSE(detail::fused_walk_applies(shape(128, 128, 128)));  // headdim 128
-  EXPECT_FALSE(detail::fused_walk_applies(shape(64, 144, 128)));   // dstate above 128
+  EXPECT_TRUE(detail::fused_walk_applies(shape(64, 144, 128)));    // dstate above 128: two warpgroups
+  EXPECT_TRUE(detail::fused_walk_applies(shape(64, 256, 128)));
+  EXPECT_FALSE(detail::fused_walk_applies(shape(64, 256, 64)));    // ... in chunks of 128 only
+  EXPECT_FALSE(detail::fused_walk_applies(shape(64, 320, 128)));   // dstate above 256
   EXPECT_FALSE(detail::fused_walk_applies(shape(64, 128, 256)));   // chunk 256
 }
 
@@ -301,8 +305,15 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
   EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4).fused_walk, 2);
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 1, 1}));
+  // dstate 256: fused (two warpgroups, one CTA per SM) from 8 chunks per walk, in 4 segments
+  // (128 CTAs; the fastest of 1-16 at 4K, 16K and 64K on the H200, 2026-11-30 v16)
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 256), 4).fused_walk, 2);
+  EXPECT_EQ(pick(shape(4, 896, 8, 1, 256), 4).fused_walk, 1);
+  EXPECT_EQ(pick(shape(1, 16384, 8, 1, 256), 1), (KernelConfig{32, 2, 2, 16, 2}));  // 83.8 us; 168 two kernels
   // dstate 64 with 128-token chunks: one head per compute_out CTA
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2}));
   // short walks, few of them (32 or 64 tiles of 64 columns): fused from 8 chunks on, in the
