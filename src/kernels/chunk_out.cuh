@@ -125,7 +125,7 @@ __device__ __forceinline__ float4 load4_16(const void* ptr) {
 }
 
 // The epilogue of a CTA's heads: out = (acc_h + D x) * silu(z) for the rows t < count.
-// Run by one warpgroup (`s_y` its own). Each warp owns rows 16 w .. 16 w + 15 of every accumulator. For every (head, 64-column half)
+// Run by one warpgroup (`s_y` its own; kWarpgroups: of the CTA). Each warp owns rows 16 w .. 16 w + 15 of every accumulator. For every (head, 64-column half)
 // the warp stages those rows in `s_y` (fp32, 64 x 64; element (row, col) at
 // row * 64 + (col ^ 4 (row % 8)): conflict-free float2 writes and float4 reads), then reads
 // them back four columns per lane, 16 lanes per row, so x, z and out move as 8- or 16-byte
@@ -134,15 +134,16 @@ __device__ __forceinline__ float4 load4_16(const void* ptr) {
 // x for D x (16-bit inputs): from the X_hm tile in shared memory at x_tile(h) where x_in_smem(h),
 // else from global memory; fp32 inputs: the original fp32 x. (Two functions, the address always
 // computed: a pointer that is null where the tile is gone made compute_out spill.)
-template <class T, int P, int HB, class AccFrag, class XTile, class XInSmem>
+template <class T, int P, int HB, int kWarpgroups = 1, class AccFrag, class XTile, class XInSmem>
 __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc)[HB], float* s_y, const float* s_d,
                                                XTile x_tile, XInSmem x_in_smem, const ChunkInfo& ci, int m,
                                                int64_t h0, int nh) {
   constexpr int kHalves = P / 64;
-  const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32;  // (warp within the warpgroup)
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int warp = kWarpgroups == 1 ? tid / 32 : (tid / 32) % 4;  // (within the warpgroup)
   const bool io16 = p.io_dtype != DType::kFloat32;
   // Staging: rows ra = 16 w + lane / 4 and ra + 8 (both = lane / 4 mod 8), columns 8 k + 2 (lane % 4).
-  const int ra = acc_row(0), rb = acc_row(2);
+  const int ra = acc_row<kWarpgroups>(0), rb = acc_row<kWarpgroups>(2);
   const int swz_w = ((lane / 4) & 7) << 2;
   float* y_ra = s_y + ra * 64;
   float* y_rb = s_y + rb * 64;

@@ -95,7 +95,8 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x, lane = tid % 32;
-  const int wg = tid / kThreads, wtid = tid % kThreads;  // warpgroup, thread within it
+  constexpr int kWG = F::kWarpgroups;
+  const int wg = kWG == 1 ? 0 : tid / kThreads, wtid = kWG == 1 ? tid : tid % kThreads;  // warpgroup, thread in it
   const int n_own = wg * F::kN_state;                     // the warpgroup's first state column
   // (NK = 4 takes chunks of 128 only; as a constant, the shared-memory offsets that depend on it
   // take no registers: with two warpgroups the uniform registers spilled)
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   if (seg == 0 && p.init != nullptr) {
     const void* src = static_cast<const char*>(p.init) +
                       (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
-    st::load_tile(hacc, src, p.init_dtype, p.init_sp, 0, n_own, p);
+    st::load_tile<kWG>(hacc, src, p.init_dtype, p.init_sp, 0, n_own, p);
   } else if (seg > 0) {
     // T_1 = sum_0, T_k = carry_{k-1} T_{k-1} + sum_{k-1} (fwd_pass_state's sums: 64 x 64 tiles in
     // fragment order; value v of this warpgroup's fragment is value v % 32 of its tile v / 32).
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     const int tile0 = wg * F::kStateSlices;
     auto sum_at = [&](int k, int v) {
       const int tile = tile0 + (v >> 5);
-      return tile < p.ready_tiles ? p.seg_sums[(((base + k) * p.ready_tiles + tile) * 32 + (v & 31)) * kThreads + wtid]
+      return kWG == 1 || tile < p.ready_tiles ? p.seg_sums[(((base + k) * p.ready_tiles + tile) * 32 + (v & 31)) * kThreads + wtid]
                                   : 0.0f;
     };
 #pragma unroll
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   using SFrag = decltype(make_tensor<T>(partition_shape_A(mma_sx, Shape<Int<kM>, Int<kN>>{})));
   SFrag sf;
   constexpr int kCbVals = kM * kN / kThreads;
-  const int ra = acc_row(0), rb = acc_row(2);
+  const int ra = acc_row<kWG>(0), rb = acc_row<kWG>(2);
   // The update's A operand: X_m^T (p, token) in registers, and the token of each of its values.
   using XFrag = decltype(make_tensor<T>(partition_shape_A(mma_up, Shape<_64, Int<kM>>{})));
   XFrag xw;
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     for (int v = 0; v < F::kAccVals; v += 2) {
       const T pair[2] = {from_float<T>(hacc(v)), from_float<T>(hacc(v + 1))};
       char* slice = s_h + (wg * F::kStateSlices + (v >> 5)) * F::kSlice;
-      *reinterpret_cast<uint32_t*>(slice + pair_offset(acc_row(v), (v >> 2) & 7, lane)) =
+      *reinterpret_cast<uint32_t*>(slice + pair_offset(acc_row<kWG>(v), (v >> 2) & 7, lane)) =
           *reinterpret_cast<const uint32_t*>(pair);
     }
     fence_async_shared();
@@ -404,7 +405,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
       // every wgmma that read it has completed, each needing all four warps). A TMA store of
       // the block from shared memory instead was 3-7% slower on the H200 (2026-11-30).
       float* s_y = NK >= 2 ? reinterpret_cast<float*>(blk) : s_y_own;
-      epilogue_heads<T, 64, 1>(
+      epilogue_heads<T, 64, 1, kWG>(
           p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
     }
     warpgroup_wait<0>();  // the last block's update
@@ -414,7 +415,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     if (p.states != nullptr) {
       char* dst = static_cast<char*>(p.states) +
                   (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
-      st::store_tile(hacc, dst, p.state_dtype, p.st_sp, 0, n_own, p);
+      st::store_tile<kWG>(hacc, dst, p.state_dtype, p.st_sp, 0, n_own, p);
     }
     // Refill the buffer with the next chunk once every thread is done reading it (generic
     // accesses ordered before the TMA writes).
@@ -425,7 +426,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   if (p.final_states != nullptr && c_end == walk.nchunks) {
     char* dst = static_cast<char*>(p.final_states) +
                 (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
-    st::store_tile(hacc, dst, p.fin_dtype, p.fin_sp, 0, n_own, p);
+    st::store_tile<kWG>(hacc, dst, p.fin_dtype, p.fin_sp, 0, n_own, p);
   }
 }
 

@@ -169,9 +169,11 @@ __device__ __forceinline__ auto make_acc() {
 
 // Accumulator element v of this thread <-> (row, col) of the 64 x NT tile (wgmma C layout:
 // value modes (column pair, row half, 8-column group)).
-// (The warp within its warpgroup: a CTA of two warpgroups holds two such fragments.)
+// kWarpgroups: of the CTA, each holding its own fragment (the row is that of the warp within
+// its warpgroup).
+template <int kWarpgroups = 1>
 __device__ __forceinline__ int acc_row(int v) {
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int warp = kWarpgroups == 1 ? threadIdx.x / 32 : (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   return warp * 16 + lane / 4 + 8 * ((v >> 1) & 1);
 }
 __device__ __forceinline__ int acc_col(int v) {
@@ -179,11 +181,11 @@ __device__ __forceinline__ int acc_col(int v) {
   return 2 * (lane % 4) + (v & 1) + 8 * (v >> 2);
 }
 
-template <class E, class Acc>
+template <int kWarpgroups, class E, class Acc>
 __device__ __forceinline__ void store_tile_as(const Acc& acc, E* base, int64_t sp, int p0, int n0, const SsdParams& p) {
   constexpr int kVals = decltype(size(acc))::value;
-  E* row0 = base + (int64_t)(p0 + acc_row(0)) * sp + n0;
-  E* row1 = base + (int64_t)(p0 + acc_row(2)) * sp + n0;
+  E* row0 = base + (int64_t)(p0 + acc_row<kWarpgroups>(0)) * sp + n0;
+  E* row1 = base + (int64_t)(p0 + acc_row<kWarpgroups>(2)) * sp + n0;
 #pragma unroll
   for (int v = 0; v < kVals; v += 2) {
     const int c = acc_col(v);
@@ -201,24 +203,26 @@ __device__ __forceinline__ void store_tile_as(const Acc& acc, E* base, int64_t s
 
 // Stores the tile (rows p0.., cols n0..) to a [p][n] matrix of dtype `t` (row stride sp),
 // columns clipped at dstate (headdim is a multiple of 64, so rows never are).
-template <class Acc>
+template <int kWarpgroups = 1, class Acc>
 __device__ __forceinline__ void store_tile(const Acc& acc, void* base, DType t, int64_t sp, int p0, int n0,
                                            const SsdParams& p) {
   switch (t) {
-    case DType::kFloat32: store_tile_as(acc, static_cast<float*>(base), sp, p0, n0, p); break;
-    case DType::kBFloat16: store_tile_as(acc, static_cast<cutlass::bfloat16_t*>(base), sp, p0, n0, p); break;
-    default: store_tile_as(acc, static_cast<cutlass::half_t*>(base), sp, p0, n0, p); break;
+    case DType::kFloat32: store_tile_as<kWarpgroups>(acc, static_cast<float*>(base), sp, p0, n0, p); break;
+    case DType::kBFloat16:
+      store_tile_as<kWarpgroups>(acc, static_cast<cutlass::bfloat16_t*>(base), sp, p0, n0, p);
+      break;
+    default: store_tile_as<kWarpgroups>(acc, static_cast<cutlass::half_t*>(base), sp, p0, n0, p); break;
   }
 }
 
 // acc = the tile of a [p][n] matrix of dtype `t`.
-template <class Acc>
+template <int kWarpgroups = 1, class Acc>
 __device__ __forceinline__ void load_tile(Acc& acc, const void* base, DType t, int64_t sp, int p0, int n0,
                                           const SsdParams& p) {
   constexpr int kVals = decltype(size(acc))::value;
 #pragma unroll
   for (int v = 0; v < kVals; v += 2) {
-    const int r = acc_row(v), c = acc_col(v);
+    const int r = acc_row<kWarpgroups>(v), c = acc_col(v);
     float2 val = make_float2(0.f, 0.f);
     if (p0 + r < p.headdim && n0 + c < p.dstate) val = load2_any(base, t, (int64_t)(p0 + r) * sp + n0 + c);
     acc(v) = val.x;
