@@ -29,7 +29,8 @@ inline int64_t kernel_chunk_size(const ForwardParams& p) {
 // kernels::fused_walk_supported checks the same at launch).
 inline bool fused_walk_applies(const ProblemShape& s) {
   if (s.headdim != 64) return false;
-  return (s.dstate <= 128 && (s.chunk_size == 64 || s.chunk_size == 128)) || (s.dstate <= 256 && s.chunk_size == 128);
+  if (s.dstate <= 128) return s.chunk_size == 64 || s.chunk_size == 128;
+  return s.dstate <= 256 && s.chunk_size == 128;
 }
 
 // fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks with states of

@@ -125,9 +125,10 @@ __device__ __forceinline__ float4 load4_16(const void* ptr) {
 }
 
 // The epilogue of a CTA's heads: out = (acc_h + D x) * silu(z) for the rows t < count.
-// Run by one warpgroup (`s_y` its own; kWarpgroups: of the CTA). Each warp owns rows 16 w .. 16 w + 15 of every accumulator. For every (head, 64-column half)
-// the warp stages those rows in `s_y` (fp32, 64 x 64; element (row, col) at
-// row * 64 + (col ^ 4 (row % 8)): conflict-free float2 writes and float4 reads), then reads
+// Run by one warpgroup (`s_y` its own; kWarpgroups: of the CTA). Each warp owns rows
+// 16 w .. 16 w + 15 of every accumulator. For every (head, 64-column half) the warp stages
+// those rows in `s_y` (fp32, 64 x 64; element (row, col) at row * 64 + (col ^ 4 (row % 8)):
+// conflict-free float2 writes and float4 reads), then reads
 // them back four columns per lane, 16 lanes per row, so x, z and out move as 8- or 16-byte
 // vectors along a row (coalesced). The staging selects the head's registers; the reading code
 // exists once for all heads.

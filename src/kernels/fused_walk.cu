@@ -86,7 +86,7 @@ constexpr int fused_smem_bytes(int q) {
          (q / kM) * 8;
 }
 
-// Two CTAs per SM of one warpgroup, one of two (NK = 4: its shared memory).
+// Two CTAs per SM of one warpgroup; one CTA of two warpgroups (NK = 4: its shared memory).
 template <class T, int NK>
 __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::kWarpgroups)
     fused_walk_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps) {
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x, lane = tid % 32;
   constexpr int kWG = F::kWarpgroups;
-  const int wg = kWG == 1 ? 0 : tid / kThreads, wtid = kWG == 1 ? tid : tid % kThreads;  // warpgroup, thread in it
-  const int n_own = wg * F::kN_state;                     // the warpgroup's first state column
+  const int wg = kWG == 1 ? 0 : tid / kThreads, wtid = kWG == 1 ? tid : tid % kThreads;  // warpgroup, thread
+  const int n_own = wg * F::kN_state;  // the warpgroup's first state column
   // (NK = 4 takes chunks of 128 only; as a constant, the shared-memory offsets that depend on it
   // take no registers: with two warpgroups the uniform registers spilled)
   const int q = NK == 4 ? 128 : p.chunk, nb = q / kM;
@@ -170,8 +170,9 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     const int tile0 = wg * F::kStateSlices;
     auto sum_at = [&](int k, int v) {
       const int tile = tile0 + (v >> 5);
-      return kWG == 1 || tile < p.ready_tiles ? p.seg_sums[(((base + k) * p.ready_tiles + tile) * 32 + (v & 31)) * kThreads + wtid]
-                                  : 0.0f;
+      return kWG == 1 || tile < p.ready_tiles
+                 ? p.seg_sums[(((base + k) * p.ready_tiles + tile) * 32 + (v & 31)) * kThreads + wtid]
+                 : 0.0f;
     };
 #pragma unroll
     for (int v = 0; v < F::kAccVals; ++v) hacc(v) = sum_at(0, v);
@@ -206,8 +207,9 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));  // (p, token) of each value
   // xw = X_mu^T * w (block mu of the buffer, tokens scaled by their state weights).
   auto load_xw = [&](const char* buf_base, const float* s_w_base, int mu) {
-    Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(buf_base + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
-                            typename Tr::LayoutX{});
+    Tensor sX = make_tensor(
+        make_smem_ptr(reinterpret_cast<const T*>(buf_base + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
+        typename Tr::LayoutX{});
     Tensor dst = thr_x_copy.retile_D(xw);
     copy(x_copy, thr_x_copy.partition_S(sX), dst);
     const float* w_m = s_w_base + mu * kM;
@@ -414,7 +416,8 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     // The state after chunk c, where the caller wants the chunk states.
     if (p.states != nullptr) {
       char* dst = static_cast<char*>(p.states) +
-                  (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
+                  (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) *
+                      (int64_t)dtype_size_dev(p.state_dtype);
       st::store_tile<kWG>(hacc, dst, p.state_dtype, p.st_sp, 0, n_own, p);
     }
     // Refill the buffer with the next chunk once every thread is done reading it (generic
