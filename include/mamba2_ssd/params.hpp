@@ -41,7 +41,7 @@ struct KernelConfig {
   // 1: the walk and the output as two kernels running side by side (fwd_pass_state, compute_out);
   // 2: as one kernel (fused_walk: the chunk states stay on chip; the segments above apply, the
   // other settings do not) where it applies (headdim 64; dstate <= 128 with chunks of 64 or 128
-  // tokens, or dstate <= 256 with chunks of 128, as the kernels run them, see chunk_size), else 1.
+  // tokens, or dstate <= 512 with chunks of 128, as the kernels run them, see chunk_size), else 1.
   int fused_walk = 0;
 
   bool operator==(const KernelConfig& o) const {

@@ -25,18 +25,19 @@ inline int64_t kernel_chunk_size(const ForwardParams& p) {
 }
 
 // fused_walk takes headdim 64 with dstate up to 128 and chunks of 64 or 128 tokens, or dstate up
-// to 256 and chunks of 128 (two warpgroups, one per 64-token block; its state and shared memory:
+// to 512 and chunks of 128 (two warpgroups, one per 64-token block; above dstate 256 two CTAs of
+// a cluster per head walk, 256 state columns each; its state and shared memory:
 // kernels::fused_walk_supported checks the same at launch).
 inline bool fused_walk_applies(const ProblemShape& s) {
   if (s.headdim != 64) return false;
   if (s.dstate <= 128) return s.chunk_size == 64 || s.chunk_size == 128;
-  return s.dstate <= 256 && s.chunk_size == 128;
+  return s.dstate <= 512 && s.chunk_size == 128;
 }
 
 // fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks with states of
 // dstate_tiles 64-column tiles: the count with the least modelled time, in units of one chunk of a
 // CTA that shares its SM with another (two fit per SM; dstate above 128: one CTA of two
-// warpgroups per SM, its chunk counted as one such unit).
+// warpgroups per SM, its chunk counted as one such unit; above 256: two such CTAs per walk).
 // - fused_walk: its CTAs run in waves of ctas_per_sm x sm_count, each wave costing its segment
 //   length plus one chunk of start-up; where two fit per SM but all CTAs fit one per SM they run
 //   alone, 1.5x faster (anchor dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
@@ -50,12 +51,13 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // 16; 1 row x 80 heads x 512 chunks: 13, 1.41 ms against 1.52 in 6; anchor dstate 128 at 64K: 16,
 // at 16K: 8).
 inline int fused_walk_ctas_per_sm(int64_t dstate) { return dstate > 128 ? 1 : 2; }
+inline int fused_walk_ctas_per_walk(int64_t dstate) { return dstate > 256 ? 2 : 1; }
 inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int sm_count,
                                    int max_segments) {
   const int per_sm = fused_walk_ctas_per_sm(64 * dstate_tiles);
   const int64_t slots = per_sm * static_cast<int64_t>(sm_count), sum_slots = 3 * static_cast<int64_t>(sm_count);
   auto cost = [&](int64_t seg) {
-    const int64_t ctas = walk_heads * seg, sum_ctas = walk_heads * dstate_tiles * (seg - 1);
+    const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg, sum_ctas = walk_heads * dstate_tiles * (seg - 1);
     const double len = static_cast<double>((chunks + seg - 1) / seg);
     const double alone = per_sm == 2 && ctas <= sm_count ? 0.66 : 1.0;
     return alone * static_cast<double>((ctas + slots - 1) / slots) * (len + 1.0) +
@@ -127,8 +129,12 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   // Above dstate 128 (two warpgroups) from 8 chunks per walk: the two kernels move each 16-bit
   // chunk state through global memory twice, twice as many bytes as at dstate 128 (anchor
   // dstate 256 at 1K / 64K tokens: 35.1 / 1100 us in the two kernels, 28.2 / 890 in fused_walk).
-  const bool fused_pays = s.dstate > 128 ? chunks_per_walk >= 8
-                                         : chunks_per_walk >= 32 || (few_walks && chunks_per_walk >= 8);
+  // Above dstate 256 (two CTAs per walk, 256 columns each, whatever dstate is) from dstate 448:
+  // the two kernels' time grows with dstate, fused_walk's does not (anchor 16K tokens, v17: dstate
+  // 384 444 us in the two kernels, 493 fused; dstate 512 597 and 498; even near 430).
+  const bool fused_pays = s.dstate > 256   ? s.dstate >= 448 && chunks_per_walk >= 8
+                          : s.dstate > 128 ? chunks_per_walk >= 8
+                                           : chunks_per_walk >= 32 || (few_walks && chunks_per_walk >= 8);
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;
     const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,

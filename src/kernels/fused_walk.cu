@@ -2,8 +2,9 @@
 //
 // One CTA per (walk, head, walk segment) walks the segment's chunks in order, with the head's
 // whole 64 x N state (headdim 64) as wgmma accumulators in registers (fp32): one warpgroup holds
-// it for dstate N <= 128; for N <= 256 two warpgroups hold 128 columns each (see `Fused`). For
-// every chunk:
+// it for dstate N <= 128; for N <= 256 two warpgroups hold 128 columns each (see `Fused`); for
+// N <= 512 two CTAs of a cluster hold 256 columns each and add their outputs (see kPartialBytes).
+// For every chunk:
 //   H_s = H rounded to T, in shared memory (the B operand of C H^T);  then H *= carry
 //   for every 64-token block m of the chunk (t: its tokens):
 //     acc  = (C_m H_s^T) * exp2(cum_t)                    (0 for tokens of another sequence)
@@ -21,6 +22,8 @@
 // waits for its wgmma, and one CTA per SM with a double buffer made the anchor's long calls 1.4x
 // slower (docs/PERFORMANCE.md, v12). Above dstate 128 the chunk's tiles take 145 KB: one CTA per
 // SM, its two warpgroups (blocks 0 and 1 of a 128-token chunk) overlapping each other instead.
+// (Running the two warpgroups' epilogues after the next chunk's loads were issued, x then read
+// from global memory, made dstate 256 and 512 20-30% slower: v17.)
 // Parallelism is walks x heads x segments. Segments work as in fwd_pass_state: its sum-only
 // launch (64-column tiles) runs first, and segment k starts from the combined sums.
 #include "kernels/chunk_out.cuh"
@@ -68,6 +71,14 @@ struct Fused {
   static constexpr int kAccVals = 64 * kN_state / kThreads;
 };
 
+// Above dstate 256 two CTAs of a cluster (ranks) share a head's walk: rank r holds state columns
+// 256 r .. 256 r + 255 as `Fused<T, 4>` holds 0..255, and its C, B and H_s are those columns only.
+// The output is linear in them (C H^T, and S = C B^T before the decay: sums over dstate), so each
+// rank's warpgroup w computes block w's output over its columns and the two halves are added:
+// block m is finished (with D x and z) by rank m, whose warpgroup m adds the partial that the
+// other rank's warpgroup m stores into its shared memory (16 KB of fp32, fragment order).
+constexpr int kPartialBytes = kM * 64 * 4;
+
 // The chunk buffer: [block m: C_m, B_m, X_m] for m < q / 64, then cum, dt' and w (q floats each).
 __host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
   return ((q / kM) * block_bytes + 3 * q * 4 + 1023) / 1024 * 1024;
@@ -77,17 +88,18 @@ __host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
 template <int NK>
 constexpr int staging_bytes() { return NK >= 2 ? 0 : kM * kN * 4; }
 
-// Shared memory: [chunk buffer][H_s: NK slices][y staging][D: 64][seq_idx: q][mbarriers: q / 64],
-// after up to 1 KB of alignment.
-template <class T, int NK>
+// Shared memory: [chunk buffer][H_s: NK slices][y staging][D: 64][seq_idx: q][mbarriers: q / 64,
+// two ranks: + 2][two ranks: the other rank's partial output], after up to 1 KB of alignment.
+template <class T, int NK, int kRanks>
 constexpr int fused_smem_bytes(int q) {
   using F = Fused<T, NK>;
   return 1024 + buffer_bytes(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
-         (q / kM) * 8;
+         (q / kM + (kRanks > 1 ? 2 : 0)) * 8 + (kRanks > 1 ? 16 + kPartialBytes : 0);
 }
 
 // Two CTAs per SM of one warpgroup; one CTA of two warpgroups (NK = 4: its shared memory).
-template <class T, int NK>
+// kRanks: the CTAs (of one cluster) per head walk, 1 or 2 (NK = 4 only).
+template <class T, int NK, int kRanks>
 __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::kWarpgroups)
     fused_walk_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps) {
   using F = Fused<T, NK>;
@@ -97,7 +109,12 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   const int tid = threadIdx.x, lane = tid % 32;
   constexpr int kWG = F::kWarpgroups;
   const int wg = kWG == 1 ? 0 : tid / kThreads, wtid = kWG == 1 ? tid : tid % kThreads;  // warpgroup, thread
-  const int n_own = wg * F::kN_state;  // the warpgroup's first state column
+  static_assert(kRanks == 1 || NK == 4, "two ranks: two warpgroups each");
+  // The CTA's rank and first state column, and the warpgroup's first column. (Read where used:
+  // kept in registers across the chunk loop, they made the kernel spill.)
+  auto rank_now = [&]() { return kRanks == 1 ? 0 : static_cast<int>(tma::cluster_rank()); };
+  auto n_base = [&]() { return rank_now() * NK * kN; };
+  auto n_own = [&]() { return n_base() + wg * F::kN_state; };
   // (NK = 4 takes chunks of 128 only; as a constant, the shared-memory offsets that depend on it
   // take no registers: with two warpgroups the uniform registers spilled)
   const int q = NK == 4 ? 128 : p.chunk, nb = q / kM;
@@ -116,12 +133,23 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   float* s_d = s_y_own + staging_bytes<NK>() / 4;                  // [64]
   int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + 64);          // [q]
   uint64_t* bars = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(s_seq + q) + 7) & ~uintptr_t{7});
+  // Two ranks: the partial from the other rank and its mbarriers: `full` (its 16 KB stored: one
+  // arrival with their count, by the receiving warpgroup) and `free` (the partial this rank sent
+  // has been read there: 128 arrivals).
+  uint64_t* bar_full = bars + nb;
+  uint64_t* bar_free = bars + nb + 1;
+  float* s_partial = reinterpret_cast<float*>(bars + nb + 2);  // (bars: 256-byte aligned; nb: 2)
   if (tid == 0) {
     for (int b = 0; b < nb; ++b) tma::mbar_init(bars + b, 1);  // one per block
+    if constexpr (kRanks > 1) {
+      tma::mbar_init(bar_full, 1);
+      tma::mbar_init(bar_free, kThreads);
+    }
     tma::fence_mbar_init();
   }
   if (p.D != nullptr && tid < 64) s_d[tid] = p.D[h * p.D_sh + tid * p.D_sp];
-  __syncthreads();
+  if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's mbarriers are initialised)
+  else __syncthreads();
 
   // ---- producer (thread 0): chunk c_rel's tiles and weights into the buffer, one mbarrier per
   // block (the weights on block 0's).
@@ -131,14 +159,21 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
     char* buf = s_buf;
     const int tok = static_cast<int>(ci.tok0);
+    const int n0 = n_base();
     for (int m = 0; m < nb; ++m) {
       uint64_t* bar = bars + m;
       char* blk = buf + m * F::kBlockBytes;
       tma::mbar_arrive_expect(bar, F::kBlockBytes + (m == 0 ? 3 * q * 4 : 0));
+      auto load_slice = [&](int ks) {
+        tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok + m * kM, grp32, row32);
+        tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok + m * kM, grp32, row32);
+      };
+      if constexpr (kRanks == 1) {
 #pragma unroll
-      for (int ks = 0; ks < NK; ++ks) {
-        tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
-        tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
+        for (int ks = 0; ks < NK; ++ks) load_slice(ks);
+      } else {
+#pragma unroll 1  // (unrolled, the column offsets were kept in registers across the chunk loop)
+        for (int ks = 0; ks < NK; ++ks) load_slice(ks);
       }
       tma::load_4d(&maps.x, bar, blk + 2 * NK * F::kSlice, 0, tok + m * kM, h32, row32);
       if (m == 0) {
@@ -160,14 +195,14 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   if (seg == 0 && p.init != nullptr) {
     const void* src = static_cast<const char*>(p.init) +
                       (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
-    st::load_tile<kWG>(hacc, src, p.init_dtype, p.init_sp, 0, n_own, p);
+    st::load_tile<kWG>(hacc, src, p.init_dtype, p.init_sp, 0, n_own(), p);
   } else if (seg > 0) {
     // T_1 = sum_0, T_k = carry_{k-1} T_{k-1} + sum_{k-1} (fwd_pass_state's sums: 64 x 64 tiles in
     // fragment order; value v of this warpgroup's fragment is value v % 32 of its tile v / 32).
     const int64_t base = (walk.walk * p.nheads + h) * (p.nseg - 1);
     // (Two warpgroups: the second one's last tile is past dstate when dstate <= 192; no sums
     // there, and its columns stay 0.)
-    const int tile0 = wg * F::kStateSlices;
+    const int tile0 = rank_now() * NK + wg * F::kStateSlices;
     auto sum_at = [&](int k, int v) {
       const int tile = tile0 + (v >> 5);
       return kWG == 1 || tile < p.ready_tiles
@@ -233,7 +268,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   };
   const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + walk.row * p.seq_sb : nullptr;
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
-  uint32_t parity = 0;  // the phase of the block mbarriers to wait for
+  uint32_t parity = 0;  // the phase of the block mbarriers (and of bar_full / bar_free) to wait for
   float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
 
 #pragma unroll 1
@@ -406,6 +441,34 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
       // ---- out_m (x for D x from X_m in the buffer; the staging in C_m's tile, now unused:
       // every wgmma that read it has completed, each needing all four warps). A TMA store of
       // the block from shared memory instead was 3-7% slower on the H200 (2026-11-30).
+      if constexpr (kRanks > 1) {
+        // Two ranks: the warpgroup of block m in the other rank sends its partial; this rank's
+        // adds it (see at the top). The partial buffer is free once the previous one was read
+        // (a fresh mbarrier passes the wait for parity 1).
+        constexpr int kVals = decltype(size(acc[0]))::value;
+        if (m != rank_now()) {
+          tma::mbar_wait_cluster(bar_free, parity ^ 1u);
+          const uint32_t dst = tma::cluster_addr(s_partial, m), full = tma::cluster_addr(bar_full, m);
+#pragma unroll
+          for (int v = 0; v < kVals; v += 4) {
+            tma::cluster_store_async(dst + ((v / 4) * kThreads + wtid) * 16,
+                                     make_float4(acc[0](v), acc[0](v + 1), acc[0](v + 2), acc[0](v + 3)), full);
+          }
+          continue;
+        }
+        // (the expected bytes may post after some have landed: the count goes negative meanwhile)
+        if (wtid == 0) tma::mbar_arrive_expect(bar_full, kPartialBytes);
+        tma::mbar_wait_cluster(bar_full, parity);
+#pragma unroll
+        for (int v = 0; v < kVals; v += 4) {
+          const float4 o = reinterpret_cast<const float4*>(s_partial)[(v / 4) * kThreads + wtid];
+          acc[0](v) += o.x;
+          acc[0](v + 1) += o.y;
+          acc[0](v + 2) += o.z;
+          acc[0](v + 3) += o.w;
+        }
+        tma::mbar_arrive_cluster(tma::cluster_addr(bar_free, 1 - m));
+      }
       float* s_y = NK >= 2 ? reinterpret_cast<float*>(blk) : s_y_own;
       epilogue_heads<T, 64, 1, kWG>(
           p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
@@ -418,7 +481,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
       char* dst = static_cast<char*>(p.states) +
                   (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) *
                       (int64_t)dtype_size_dev(p.state_dtype);
-      st::store_tile<kWG>(hacc, dst, p.state_dtype, p.st_sp, 0, n_own, p);
+      st::store_tile<kWG>(hacc, dst, p.state_dtype, p.st_sp, 0, n_own(), p);
     }
     // Refill the buffer with the next chunk once every thread is done reading it (generic
     // accesses ordered before the TMA writes).
@@ -429,35 +492,52 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   if (p.final_states != nullptr && c_end == walk.nchunks) {
     char* dst = static_cast<char*>(p.final_states) +
                 (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
-    st::store_tile<kWG>(hacc, dst, p.fin_dtype, p.fin_sp, 0, n_own, p);
+    st::store_tile<kWG>(hacc, dst, p.fin_dtype, p.fin_sp, 0, n_own(), p);
   }
+  if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's last arrivals on this rank's mbarriers)
 }
 
-template <class T, int NK>
+template <class T, int NK, int kRanks = 1>
 void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks, cudaStream_t stream) {
-  auto kernel = fused_walk_kernel<T, NK>;
-  const int smem = fused_smem_bytes<T, NK>(p.chunk);
+  auto kernel = fused_walk_kernel<T, NK, kRanks>;
+  const int smem = fused_smem_bytes<T, NK, kRanks>(p.chunk);
   static int attr_bytes = 0;  // per instantiation
   if (smem > attr_bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(fused_walk)");
     attr_bytes = smem;
   }
-  const dim3 grid(1, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
-  kernel<<<grid, Fused<T, NK>::kThreadsAll, smem, stream>>>(p, maps);
-  check_cuda(cudaGetLastError(), "launch fused_walk");
+  const dim3 grid(kRanks, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
+  if constexpr (kRanks == 1) {
+    kernel<<<grid, Fused<T, NK>::kThreadsAll, smem, stream>>>(p, maps);
+    check_cuda(cudaGetLastError(), "launch fused_walk");
+  } else {
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kRanks;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(Fused<T, NK>::kThreadsAll);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = stream;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, maps), "launch fused_walk (clusters of two)");
+  }
 }
 
 }  // namespace
 
 bool fused_walk_supported(const SsdParams& p) {
   return p.headdim == 64 && ((p.dstate <= 128 && (p.chunk == 64 || p.chunk == 128)) ||
-                             (p.dstate <= 256 && p.chunk == 128));
+                             (p.dstate <= 512 && p.chunk == 128));
 }
 
 void launch_fused_walk(const SsdParams& p, cudaStream_t stream) {
   if (!fused_walk_supported(p)) {
-    throw_launch_error("fused_walk: takes headdim 64 with dstate <= 128 and chunk 64 or 128, or dstate <= 256 and "
+    throw_launch_error("fused_walk: takes headdim 64 with dstate <= 128 and chunk 64 or 128, or dstate <= 512 and "
                        "chunk 128, got headdim " +
                        std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) + ", chunk " +
                        std::to_string(p.chunk));
@@ -478,9 +558,12 @@ void launch_fused_walk(const SsdParams& p, cudaStream_t stream) {
   } else if (p.dstate <= 128) {
     if (p.fp16) launch_typed<cutlass::half_t, 2>(p, maps, walks, stream);
     else launch_typed<cutlass::bfloat16_t, 2>(p, maps, walks, stream);
-  } else {
+  } else if (p.dstate <= 256) {
     if (p.fp16) launch_typed<cutlass::half_t, 4>(p, maps, walks, stream);
     else launch_typed<cutlass::bfloat16_t, 4>(p, maps, walks, stream);
+  } else {
+    if (p.fp16) launch_typed<cutlass::half_t, 4, 2>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 4, 2>(p, maps, walks, stream);
   }
 }
 

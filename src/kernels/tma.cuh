@@ -70,4 +70,48 @@ __device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
+// ---- Clusters: the CTAs of a cluster reach each other's shared memory (DSMEM).
+
+// The CTA's rank in its cluster (read each time: volatile, so not kept in a register).
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// This CTA's shared-memory address of `p`, as the address of the same offset in CTA `rank` of the
+// cluster.
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, int rank) {
+  uint32_t a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+  return a;
+}
+// Stores v at `addr` of another CTA of the cluster (cluster_addr) without waiting, counting its 16
+// bytes on that CTA's mbarrier `bar` (cluster_addr) as transaction bytes.
+__device__ __forceinline__ void cluster_store_async(uint32_t addr, float4 v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
+               "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+               : "memory");
+}
+// Arrives on an mbarrier of the cluster (cluster_addr), releasing this thread's earlier accesses
+// (its reads of a buffer the other CTA then overwrites).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// mbar_wait that also acquires what the arriving threads of other CTAs released.
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Every thread of the cluster: a barrier across its CTAs (what each did before is visible after).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 }  // namespace mamba2_ssd::kernels::tma

@@ -354,7 +354,7 @@ TEST(Gpu, WalkSegments) {
 }
 
 // fused_walk (the walk and the output in one kernel, KernelConfig::fused_walk = 2): every option on the
-// shapes it takes (headdim 64, dstate <= 128 with chunk 64 or 128, dstate <= 256 with chunk 128):
+// shapes it takes (headdim 64, dstate <= 128 with chunk 64 or 128, dstate <= 512 with chunk 128):
 // dstates below one and between 64-column slices, segments (uneven, with seq_idx starts on and across their edges),
 // groups, z, D per headdim, dt bias/softplus/limits, chunk and final states in every dtype,
 // fp16 and fp32 inputs, partial chunks, the varlen layout (empty and one-token sequences) and
@@ -376,6 +376,9 @@ TEST(Gpu, FusedWalk) {
       // dstate above 128 (two warpgroups)
       {128, 256, 3000 + 45, 1, DType::kBFloat16}, {128, 192, 2100, 3, DType::kFloat16},
       {128, 256, 4096, 6, DType::kFloat32},       {128, 144, 700, 2, DType::kBFloat16},
+      // dstate above 256 (two CTAs of a cluster; 320 and 400: the second one's columns partly past dstate)
+      {128, 512, 3000 + 45, 1, DType::kBFloat16}, {128, 512, 2100, 3, DType::kFloat16},
+      {128, 320, 4096, 6, DType::kFloat32},       {128, 400, 700, 2, DType::kBFloat16},
   };
   for (const Case& k : cases) {
     for (bool with_seq : {false, true}) {
@@ -394,7 +397,7 @@ TEST(Gpu, FusedWalk) {
       check_problem(c, "fused");
     }
   }
-  for (int64_t n : {128, 256}) {
+  for (int64_t n : {128, 256, 512}) {
     ProblemConfig c = base_config();
     c.dstate = n;
     c.nheads = 8;
@@ -413,12 +416,12 @@ TEST(Gpu, FusedWalk) {
     c.seed = ++seed;
     check_problem(c, "fused-options");
   }
-  for (int64_t qn : {64, 128, 256}) {  // chunk 64, 128; 256: chunk 128 with dstate 256
-    const int64_t q = qn == 256 ? 128 : qn;
+  for (int64_t qn : {64, 128, 256, 512}) {  // chunk 64, 128; 256 / 512: chunk 128 with that dstate
+    const int64_t q = qn >= 256 ? 128 : qn;
     ProblemConfig v = base_config();
     v.layout = Layout::kVarlen;
     v.chunk_size = q;
-    if (qn == 256) v.dstate = 256;
+    if (qn >= 256) v.dstate = qn;
     v.seqlens = {70, 0, 1, 2000, 513, 40};
     v.want_chunk_states = true;
     v.has_z = true;
@@ -426,7 +429,7 @@ TEST(Gpu, FusedWalk) {
     v.seed = ++seed;
     check_problem(v, "fused-varlen");
     ProblemConfig b = packed_sequences_config(q);
-    if (qn == 256) b.dstate = 256;
+    if (qn >= 256) b.dstate = qn;
     b.kernel_config = {0, 0, 0, 0, 2};
     b.seed = ++seed;
     check_problem(b, "fused-cu_seqlens");

@@ -244,7 +244,9 @@ TEST(TuningHeuristic, FusedWalkApplies) {
   EXPECT_TRUE(detail::fused_walk_applies(shape(64, 144, 128)));    // dstate above 128: two warpgroups
   EXPECT_TRUE(detail::fused_walk_applies(shape(64, 256, 128)));
   EXPECT_FALSE(detail::fused_walk_applies(shape(64, 256, 64)));    // ... in chunks of 128 only
-  EXPECT_FALSE(detail::fused_walk_applies(shape(64, 320, 128)));   // dstate above 256
+  EXPECT_TRUE(detail::fused_walk_applies(shape(64, 320, 128)));    // above 256: two CTAs per walk
+  EXPECT_TRUE(detail::fused_walk_applies(shape(64, 512, 128)));
+  EXPECT_FALSE(detail::fused_walk_applies(shape(64, 512, 64)));
   EXPECT_FALSE(detail::fused_walk_applies(shape(64, 128, 256)));   // chunk 256
 }
 
@@ -305,7 +307,13 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
   EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4).fused_walk, 2);
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 1, 1}));
+  // dstate 512: fused (two CTAs per walk) in 2 segments (128 CTAs; the fastest of 1-16 at 1K to
+  // 64K tokens, 2026-11-30 v17); dstate 384: the two kernels (fused costs what it does at 512)
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 2, 2}));
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).pass_state_segments, 2);
+  EXPECT_EQ(pick(shape(1, 16384, 8, 1, 512), 1).pass_state_segments, 8);  // 156 us; 182 two kernels
+  EXPECT_EQ(pick(shape(2, 8192, 32, 1, 512), 2).pass_state_segments, 1);  // 425 us; 571 two kernels
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 384), 4).fused_walk, 1);
   // dstate 256: fused (two warpgroups, one CTA per SM) from 8 chunks per walk, in 4 segments
   // (128 CTAs; the fastest of 1-16 at 4K, 16K and 64K on the H200, 2026-11-30 v16)
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
@@ -321,8 +329,8 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2}));
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128), 4), (KernelConfig{32, 2, 1, 4, 2}));
   EXPECT_EQ(pick(shape(4, 896, 8, 1, 64), 4).fused_walk, 1);
-  // a short sequence: one head per compute_out CTA (two would be under one wave)
-  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).compute_out_heads_per_cta, 1);
+  // a short sequence (the two kernels): one head per compute_out CTA (two would be under one wave)
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 384), 4).compute_out_heads_per_cta, 1);
   // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, 4 segments for 4
   // rows x 80 heads (320 chains over 264 CTA slots: 2 waves of 64 chunks in 1 segment, 5 of 16
   // in 4), 1 for 8 rows x 64 heads
