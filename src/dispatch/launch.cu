@@ -535,21 +535,27 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
     ~EventGuard() { cudaEventDestroy(a); cudaEventDestroy(b); }
   } guard{ev0, ev1};
   const int repeats = std::max(1, opt.repeats);
-  // Median GPU time of `launch` (one warm-up launch first).
+  // GPU time of `batch` launches in a row, per launch.
+  auto batch_ms = [&](const std::function<void()>& launch, int batch) {
+    kernels::check_cuda(cudaEventRecord(ev0, stream), "cudaEventRecord");
+    for (int b = 0; b < batch; ++b) launch();
+    kernels::check_cuda(cudaEventRecord(ev1, stream), "cudaEventRecord");
+    kernels::check_cuda(cudaEventSynchronize(ev1), "cudaEventSynchronize");
+    float ms = 0.f;
+    kernels::check_cuda(cudaEventElapsedTime(&ms, ev0, ev1), "cudaEventElapsedTime");
+    return static_cast<double>(ms) / batch;
+  };
+  // Median GPU time of `launch`, after one warm-up launch. Calls under 0.2 ms are timed in
+  // batches of up to 8 launches: the host's launch time of one call is then hidden behind the
+  // GPU's work on the previous one (one call at a time, a 20 us call was timed at the host's pace,
+  // and the tuner picked a setting 15% slower on the GPU: anchor dstate 64 at 1K, v17).
   auto time_ms = [&](const std::function<void()>& launch) {
-    launch();
-    std::vector<float> t;
-    for (int i = 0; i < repeats; ++i) {
-      kernels::check_cuda(cudaEventRecord(ev0, stream), "cudaEventRecord");
-      launch();
-      kernels::check_cuda(cudaEventRecord(ev1, stream), "cudaEventRecord");
-      kernels::check_cuda(cudaEventSynchronize(ev1), "cudaEventSynchronize");
-      float ms = 0.f;
-      kernels::check_cuda(cudaEventElapsedTime(&ms, ev0, ev1), "cudaEventElapsedTime");
-      t.push_back(ms);
-    }
+    const double first = batch_ms(launch, 1);
+    const int batch = static_cast<int>(std::clamp(0.2 / std::max(first, 1e-3), 1.0, 8.0));
+    std::vector<double> t;
+    for (int i = 0; i < repeats; ++i) t.push_back(batch_ms(launch, batch));
     std::sort(t.begin(), t.end());
-    return static_cast<double>(t[t.size() / 2]);
+    return t[t.size() / 2];
   };
   auto report = [&](const std::string& kernel, const std::string& setting, double ms) {
     r.measured.push_back({kernel, setting, ms});
@@ -676,6 +682,15 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   }
   r.best = two;
   r.best_ms = best_ms;
+  // (KernelConfig as timed: fused_walk's segments or the two kernels' settings)
+  auto config_ms = [&](const KernelConfig& c) {
+    if (c.fused_walk == 2) return fused_ms(c.pass_state_segments);
+    kernels::PassStateConfig ps;
+    ps.dstate_tile = c.pass_state_dstate_tile;
+    ps.stages = c.pass_state_stages;
+    ps.segments = c.pass_state_segments;
+    return forward_ms(ps, c.compute_out_heads_per_cta);
+  };
   const bool two_timed = best_ms > 0.0;  // (the budget may end before the first)
   const bool fused_wins = !fused_splits.empty() && (!two_timed || (heuristic_fused ? !clearly_faster(best_ms, fused_best_ms)
                                                                                    : clearly_faster(fused_best_ms, best_ms)));
@@ -683,6 +698,25 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
     r.best.fused_walk = 2;
     r.best.pass_state_segments = fused_best_segments;
     r.best_ms = fused_best_ms;
+  }
+  // A pick other than the heuristic's setting, timed against it once more, alternately: the
+  // heuristic's was timed first, when a GPU that was idle may still be speeding up, and the
+  // settings' times drift by a few percent during the search. The pick stands only if it is
+  // still clearly faster.
+  const bool heuristic_runs = r.heuristic.fused_walk == 2 ? fused_ok : two_fit;
+  if (r.complete && heuristic_runs && !(r.best == r.heuristic) && !out_of_time()) {
+    double heur = config_ms(r.heuristic), best = config_ms(r.best);
+    heur = std::min(heur, config_ms(r.heuristic));
+    best = std::min(best, config_ms(r.best));
+    report("recheck", "heuristic", heur);
+    report("recheck", "pick", best);
+    r.heuristic_ms = heur;
+    if (clearly_faster(best, heur)) {
+      r.best_ms = best;
+    } else {
+      r.best = r.heuristic;
+      r.best_ms = heur;
+    }
   }
   r.seconds = elapsed();
   if (opt.store) TuningCache::instance().store(r.key, {r.best, r.best_ms, r.heuristic_ms}, true);

@@ -813,8 +813,9 @@ TEST(Gpu, TuneStoresTheBestSettingAndForwardUsesIt) {
   EXPECT_EQ(r.heuristic, before);
   // fused_walk in the heuristic's 8 segments (16 chunks: at most 8) + 4 fwd_pass_state settings,
   // segments 2, 4 and 8 + compute_out heads 1, 2, 4 (8 heads in one group) + fused_walk in 1, 2
-  // and 4 segments.
-  EXPECT_EQ(r.measured.size(), 14u);
+  // and 4 segments; a pick other than the heuristic's is timed against it once more (2 "recheck").
+  ASSERT_TRUE(r.measured.size() == 14u || r.measured.size() == 16u) << r.measured.size();
+  for (size_t i = 14; i < r.measured.size(); ++i) EXPECT_EQ(r.measured[i].kernel, "recheck");
   EXPECT_EQ(lines.size(), r.measured.size());
   for (const auto& m : r.measured) EXPECT_GT(m.ms, 0.0) << m.kernel << " " << m.setting;
   EXPECT_GT(r.best_ms, 0.0);
