@@ -374,7 +374,12 @@ void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k,
                             const kernels::PassStateConfig& ps, const kernels::ComputeOutConfig& co,
                             cudaStream_t stream) {
   if (fused) {
-    kernels::launch_segment_sums(k, 64, stream);
+    if (k.nseg > 1) {
+      const int64_t walk_heads = (k.varlen ? k.nseq : k.batch) * k.nheads;
+      const int sm_count = current_device_id().sm_count;
+      kernels::launch_segment_sums(k, segment_sums_tile(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, sm_count),
+                                   stream);
+    }
     kernels::launch_fused_walk(k, stream);
   } else {
     // compute_out overlaps fwd_pass_state (see kernels.hpp).

@@ -71,6 +71,19 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
   return seg;
 }
 
+// The column tile of fused_walk's segment sums (kernels::launch_segment_sums): 128 where the
+// 64-column CTAs would run in more than one wave of three per SM (headdim 64, chunks of 128):
+// one X tile then serves twice the columns, a quarter less L2 traffic per step, and the sums of
+// the anchor dstate 128 at 16K / 64K tokens (448 / 960 CTAs of 64 columns) made the call 7% / 5%
+// faster; in one wave the longer 128-column steps only lengthen the chain (anchor dstate 128 at
+// 1K, 192 CTAs: +2%; dstate 256 at 16K, 384: +1%) (H200, 2026-11-30 v17).
+inline int segment_sums_tile(int64_t headdim, int64_t dstate, int64_t chunk, int64_t walk_heads, int nseg,
+                             int sm_count) {
+  if (headdim != 64 || chunk != 128 || dstate <= 64 || nseg < 2) return 64;
+  const int64_t ctas64 = walk_heads * ((dstate + 63) / 64) * (nseg - 1);
+  return ctas64 > 3 * static_cast<int64_t>(sm_count) ? 128 : 64;
+}
+
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
 // shapes, 2026-11-29 v6 run; compute_out's heads per CTA re-checked after its TMA loads,
 // 2026-11-30) where they differ by more than a few percent.

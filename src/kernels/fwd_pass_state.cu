@@ -30,7 +30,8 @@ using namespace cute;
 namespace st = state_tile;
 
 // The TMA loads of fwd_pass_state: x as (p, token, head, row), box 64 x KS; B as
-// (n, token, group, row), box NT x KS (64- or 128-byte swizzle, as the smem layouts below).
+// (n, token, group, row), box NT x KS (64- or 128-byte swizzle, as the smem layouts below; NT =
+// 128: two boxes of 64 columns, a box row being at most the 128-byte swizzle).
 struct PassMaps {
   CUtensorMap x, B;
 };
@@ -41,12 +42,16 @@ template <class T, int NT, int KS>
 struct PassTiles {
   using LayoutX = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<st::kP>, Int<KS>>{}));
   using AtomB = std::conditional_t<NT == 32, GMMA::Layout_MN_SW64_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
-  using LayoutB = decltype(tile_to_shape(AtomB{}, Shape<Int<NT>, Int<KS>>{}));
+  // (NT = 128: two 64-column slices of KS tokens, one after the other, as the two TMA boxes)
+  using LayoutB = std::conditional_t<NT == 128,
+                                     decltype(tile_to_shape(AtomB{}, Shape<Int<NT>, Int<KS>>{}, Step<_2, _1>{})),
+                                     decltype(tile_to_shape(AtomB{}, Shape<Int<NT>, Int<KS>>{}))>;
   // Where the token weights w go: 64-column tiles scale X^T in registers (loaded with a
   // transposing ldmatrix, the A operand from there: no barrier and no shared-memory round trip);
   // 32-column tiles scale B in shared memory, half as many values as X^T (two such CTAs share one
-  // X tile). On the H200 each was the faster for its tile (2026-11-30, design log v15).
-  static constexpr bool kWeightX = NT == 64;
+  // X tile). On the H200 each was the faster for its tile (2026-11-30, design log v15). (128-column
+  // tiles: fused_walk's segment sums, see launch_segment_sums.)
+  static constexpr bool kWeightX = NT >= 64;
   using Mma = decltype(make_tiled_mma(std::conditional_t<
                                       kWeightX,
                                       decltype(GMMA::rs_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>,
@@ -177,6 +182,7 @@ __global__ void __launch_bounds__(st::kThreads)
         tma::mbar_arrive_expect(bar, Tl::kLoadBytes);
         tma::load_4d(&maps.x, bar, stage, p32, tok, h32, row32);
         tma::load_4d(&maps.B, bar, stage + Tl::kXBytes, n32, tok, g32, row32);
+        if constexpr (NT == 128) tma::load_4d(&maps.B, bar, stage + Tl::kXBytes + Tl::kBBytes / 2, n32 + 64, tok, g32, row32);
         tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
       }
       if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
@@ -269,7 +275,20 @@ __global__ void __launch_bounds__(st::kThreads)
       st::store_tile(acc, dst, sd, p.st_sp, p0, n0, p);
     }
   }
-  if constexpr (sums_only) {
+  if constexpr (sums_only && NT == 128) {
+    // In 64-column tiles as fused_walk reads them: value v of the 64 x 128 fragment is value v % 32
+    // of the 64 x 64 fragment of columns 64 (v / 32).. (headdim 64: blockIdx.x is the dstate tile).
+#pragma unroll
+    for (int v = 0; v < kAccVals; ++v) {
+      const int tile = 2 * blockIdx.x + v / 32;
+      if (tile < p.ready_tiles) {
+        p.seg_sums[((sum_base + seg) * p.ready_tiles + tile) * (32 * st::kThreads) + (v % 32) * st::kThreads + tid] =
+            acc(v);
+      }
+    }
+    if (blockIdx.x == 0 && tid == 0) p.seg_carry[sum_base + seg] = carry_product;
+    return;
+  } else if constexpr (sums_only) {
     float* dst = sum_ptr(seg);
 #pragma unroll
     for (int v = 0; v < kAccVals; ++v) dst[v * st::kThreads] = acc(v);
@@ -323,7 +342,7 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
   static_assert(st::kP * NT % st::kThreads == 0, "accumulator fragment size");
   const int p_tiles = (p.headdim + st::kP - 1) / st::kP;
   const int n_tiles = (p.dstate + NT - 1) / NT;
-  if (p.ready != nullptr && p.ready_tiles != p_tiles * n_tiles) {
+  if (NT != 128 && p.ready != nullptr && p.ready_tiles != p_tiles * n_tiles) {
     throw_launch_error("fwd_pass_state: SsdParams::ready_tiles is " + std::to_string(p.ready_tiles) + ", expected " +
                        std::to_string(p_tiles * n_tiles) + " for dstate tile " + std::to_string(NT));
   }
@@ -337,7 +356,7 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
   {
     const int64_t dims[4] = {p.dstate, p.seqlen, p.ngroups, p.batch};
     const int64_t strides[3] = {2 * p.B_st, 2 * p.B_sg, 2 * p.B_sb};
-    const uint32_t box[4] = {NT, KS, 1, 1};
+    const uint32_t box[4] = {NT == 128 ? 64 : NT, KS, 1, 1};
     maps.B = make_tile_map_16bit(p.B, 4, dims, strides, box, "fwd_pass_state B", NT == 32 ? 64 : 128);
   }
   if (p.nseg > 1) {
@@ -349,11 +368,15 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
     sums<<<grid_sums, st::kThreads, pass_smem_bytes<T, NT, KS, kSumStages>(), stream>>>(p, maps);
     check_cuda(cudaGetLastError(), "launch fwd_pass_state (segment sums)");
   }
-  if (sums_only) return;
-  auto walk = prepared_kernel<T, NT, KS, kStages, false>();
-  dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * p.nseg));
-  walk<<<grid, st::kThreads, pass_smem_bytes<T, NT, KS, kStages>(), stream>>>(p, maps);
-  check_cuda(cudaGetLastError(), "launch fwd_pass_state");
+  if constexpr (NT == 128) {
+    return;  // (sums only)
+  } else {
+    if (sums_only) return;
+    auto walk = prepared_kernel<T, NT, KS, kStages, false>();
+    dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * p.nseg));
+    walk<<<grid, st::kThreads, pass_smem_bytes<T, NT, KS, kStages>(), stream>>>(p, maps);
+    check_cuda(cudaGetLastError(), "launch fwd_pass_state");
+  }
 }
 
 // Calls f.template run<T, NT, KS, kStages>() for the instantiation of a setting.
@@ -362,6 +385,7 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
 // heads). Shallow ring: two stages, so that two or three CTAs share an SM when there are many.
 template <class F>
 auto with_instantiation(const SsdParams& p, const PassStateConfig& cfg, F&& f) {
+  using Op = std::decay_t<F>;
   const bool deep = cfg.stages > 2;
   auto steps = [&](auto t, auto nt) {
     using T = decltype(t);
@@ -374,10 +398,17 @@ auto with_instantiation(const SsdParams& p, const PassStateConfig& cfg, F&& f) {
   if (cfg.dstate_tile == 32) {
     return p.fp16 ? steps(cutlass::half_t{}, Int<32>{}) : steps(cutlass::bfloat16_t{}, Int<32>{});
   }
+  if constexpr (Op::kSums128) {
+    // 128-column tiles: fused_walk's segment sums only (headdim 64, chunks of 128, two stages)
+    if (cfg.dstate_tile == 128) {
+      return p.fp16 ? f.template run<cutlass::half_t, 128, 128, 2>() : f.template run<cutlass::bfloat16_t, 128, 128, 2>();
+    }
+  }
   return p.fp16 ? steps(cutlass::half_t{}, Int<64>{}) : steps(cutlass::bfloat16_t{}, Int<64>{});
 }
 
 struct LaunchOp {
+  static constexpr bool kSums128 = true;
   const SsdParams& p;
   int64_t walks;
   bool sums_only;
@@ -386,6 +417,7 @@ struct LaunchOp {
   void run() const { launch_typed<T, NT, KS, kStages>(p, walks, sums_only, stream); }
 };
 struct FootprintOp {
+  static constexpr bool kSums128 = false;
   template <class T, int NT, int KS, int kStages>
   CtaFootprint run() const { return footprint_typed<T, NT, KS, kStages>(); }
 };
@@ -422,11 +454,18 @@ void launch_checked(const SsdParams& p, const PassStateConfig& cfg, bool sums_on
 }  // namespace
 
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream) {
+  if (cfg.dstate_tile != 32 && cfg.dstate_tile != 64) {
+    throw_launch_error("fwd_pass_state: dstate tile 32 or 64, got " + std::to_string(cfg.dstate_tile));
+  }
   launch_checked(p, cfg, false, stream);
 }
 
 void launch_segment_sums(const SsdParams& p, int dstate_tile, cudaStream_t stream) {
   if (p.nseg < 2) return;
+  if (dstate_tile == 128 && !(p.headdim == 64 && p.chunk == 128)) {
+    throw_launch_error("fwd_pass_state: 128-column segment sums take headdim 64 and chunks of 128, got headdim " +
+                       std::to_string(p.headdim) + ", chunk " + std::to_string(p.chunk));
+  }
   PassStateConfig cfg;
   cfg.dstate_tile = dstate_tile;
   cfg.stages = 2;

@@ -230,6 +230,21 @@ TEST(TuningHeuristic, WalkSegmentsAllowed) {
 // runs the two kernels for anything else even when fused_walk = 2 is asked for, so this pins
 // that the GPU test Gpu.FusedWalk's shapes really take fused_walk (else it would check nothing
 // about it) and that the others do not.
+// fused_walk's segment sums: 128-column tiles where the 64-column CTAs would exceed one wave of
+// three per SM (v17 A/B on the H200), with headdim 64 and 128-token chunks only.
+TEST(TuningHeuristic, SegmentSumsTile) {
+  using detail::segment_sums_tile;
+  EXPECT_EQ(segment_sums_tile(64, 128, 128, 32, 8, 132), 128);   // anchor dstate 128 16K: 448 CTAs
+  EXPECT_EQ(segment_sums_tile(64, 128, 128, 32, 16, 132), 128);  // ... 64K: 960
+  EXPECT_EQ(segment_sums_tile(64, 256, 128, 8, 16, 132), 128);   // 1 x 16K x 8 heads: 480
+  EXPECT_EQ(segment_sums_tile(64, 128, 128, 32, 4, 132), 64);    // anchor dstate 128 1K: 192
+  EXPECT_EQ(segment_sums_tile(64, 256, 128, 32, 4, 132), 64);    // anchor dstate 256 16K: 384
+  EXPECT_EQ(segment_sums_tile(64, 64, 128, 320, 16, 132), 64);   // dstate 64: one tile either way
+  EXPECT_EQ(segment_sums_tile(64, 128, 64, 320, 16, 132), 64);   // chunks of 64
+  EXPECT_EQ(segment_sums_tile(128, 128, 128, 320, 16, 132), 64);  // headdim 128
+  EXPECT_EQ(segment_sums_tile(64, 128, 128, 320, 1, 132), 64);   // no segments
+}
+
 TEST(TuningHeuristic, FusedWalkApplies) {
   auto shape = [](int64_t p, int64_t n, int64_t q) {
     ProblemShape s;
