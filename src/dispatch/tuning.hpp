@@ -57,7 +57,8 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
   const int per_sm = fused_walk_ctas_per_sm(64 * dstate_tiles);
   const int64_t slots = per_sm * static_cast<int64_t>(sm_count), sum_slots = 3 * static_cast<int64_t>(sm_count);
   auto cost = [&](int64_t seg) {
-    const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg, sum_ctas = walk_heads * dstate_tiles * (seg - 1);
+    const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
+    const int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
     const double len = static_cast<double>((chunks + seg - 1) / seg);
     const double alone = per_sm == 2 && ctas <= sm_count ? 0.66 : 1.0;
     return alone * static_cast<double>((ctas + slots - 1) / slots) * (len + 1.0) +

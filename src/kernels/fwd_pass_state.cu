@@ -182,7 +182,9 @@ __global__ void __launch_bounds__(st::kThreads)
         tma::mbar_arrive_expect(bar, Tl::kLoadBytes);
         tma::load_4d(&maps.x, bar, stage, p32, tok, h32, row32);
         tma::load_4d(&maps.B, bar, stage + Tl::kXBytes, n32, tok, g32, row32);
-        if constexpr (NT == 128) tma::load_4d(&maps.B, bar, stage + Tl::kXBytes + Tl::kBBytes / 2, n32 + 64, tok, g32, row32);
+        if constexpr (NT == 128) {
+          tma::load_4d(&maps.B, bar, stage + Tl::kXBytes + Tl::kBBytes / 2, n32 + 64, tok, g32, row32);
+        }
         tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
       }
       if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
@@ -401,7 +403,8 @@ auto with_instantiation(const SsdParams& p, const PassStateConfig& cfg, F&& f) {
   if constexpr (Op::kSums128) {
     // 128-column tiles: fused_walk's segment sums only (headdim 64, chunks of 128, two stages)
     if (cfg.dstate_tile == 128) {
-      return p.fp16 ? f.template run<cutlass::half_t, 128, 128, 2>() : f.template run<cutlass::bfloat16_t, 128, 128, 2>();
+      return p.fp16 ? f.template run<cutlass::half_t, 128, 128, 2>()
+                    : f.template run<cutlass::bfloat16_t, 128, 128, 2>();
     }
   }
   return p.fp16 ? steps(cutlass::half_t{}, Int<64>{}) : steps(cutlass::bfloat16_t{}, Int<64>{});
