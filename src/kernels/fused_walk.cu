@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
         // (a fresh mbarrier passes the wait for parity 1).
         constexpr int kVals = decltype(size(acc[0]))::value;
         if (m != rank_now()) {
-          tma::mbar_wait_cluster(bar_free, parity ^ 1u);
+          tma::mbar_wait<true>(bar_free, parity ^ 1u);
           const uint32_t dst = tma::cluster_addr(s_partial, m), full = tma::cluster_addr(bar_full, m);
 #pragma unroll
           for (int v = 0; v < kVals; v += 4) {
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
         }
         // (the expected bytes may post after some have landed: the count goes negative meanwhile)
         if (wtid == 0) tma::mbar_arrive_expect(bar_full, kPartialBytes);
-        tma::mbar_wait_cluster(bar_full, parity);
+        tma::mbar_wait<true>(bar_full, parity);
 #pragma unroll
         for (int v = 0; v < kVals; v += 4) {
           const float4 o = reinterpret_cast<const float4*>(s_partial)[(v / 4) * kThreads + wtid];

@@ -24,18 +24,25 @@ __device__ __forceinline__ void fence_mbar_init() {
 __device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
-// Waits until the phase with parity `parity` has completed.
+// Waits until the phase with parity `parity` has completed. kCluster: the wait also acquires what
+// threads of the cluster's other CTAs released when they arrived (mbar_arrive_cluster).
+// (SEM: the try_wait's semantics qualifiers, spliced into the instruction.)
+#define MAMBA2_SSD_MBAR_WAIT_LOOP(SEM)                                 \
+  "{\n"                                                                \
+  ".reg .pred done;\n"                                                 \
+  "wait_%=:\n"                                                         \
+  "mbarrier.try_wait.parity" SEM ".shared::cta.b64 done, [%0], %1;\n" \
+  "@!done bra wait_%=;\n"                                              \
+  "}\n"
+template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
+  if constexpr (kCluster) {
+    asm volatile(MAMBA2_SSD_MBAR_WAIT_LOOP(".acquire.cluster")::"r"(smem_addr(bar)), "r"(parity) : "memory");
+  } else {
+    asm volatile(MAMBA2_SSD_MBAR_WAIT_LOOP("")::"r"(smem_addr(bar)), "r"(parity) : "memory");
+  }
 }
+#undef MAMBA2_SSD_MBAR_WAIT_LOOP
 // Orders this thread's earlier generic-proxy accesses of global memory (and what it acquired from
 // other threads) before its later TMA reads.
 __device__ __forceinline__ void fence_proxy_async_global() {
@@ -96,18 +103,6 @@ __device__ __forceinline__ void cluster_store_async(uint32_t addr, float4 v, uin
 // (its reads of a buffer the other CTA then overwrites).
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// mbar_wait that also acquires what the arriving threads of other CTAs released.
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
 }
 // Every thread of the cluster: a barrier across its CTAs (what each did before is visible after).
 __device__ __forceinline__ void cluster_sync() {
