@@ -25,7 +25,8 @@
 // (Running the two warpgroups' epilogues after the next chunk's loads were issued, x then read
 // from global memory, made dstate 256 and 512 20-30% slower: v17.)
 // Parallelism is walks x heads x segments. Segments work as in fwd_pass_state: its sum-only
-// launch (64-column tiles) runs first, and segment k starts from the combined sums.
+// launch (64- or 128-column tiles, stored as 64) runs first, and segment k starts from the
+// combined sums.
 #include "kernels/chunk_out.cuh"
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"

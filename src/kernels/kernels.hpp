@@ -66,7 +66,7 @@ void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStr
 // they are stored only where p.states is set). Takes headdim 64 with dstate <= 128 and chunk 64
 // or 128, or dstate <= 512 and chunk 128 (two warpgroups per CTA; above dstate 256 two CTAs of a
 // cluster per walk; fused_walk_supported); segments (p.nseg > 1) need launch_segment_sums(p, 64)
-// first.
+// or (p, 128) first.
 bool fused_walk_supported(const SsdParams& p);
 void launch_fused_walk(const SsdParams& p, cudaStream_t stream);
 // Batched layout with cu_seqlens: the final state of every packed sequence (p.varlen_states).
