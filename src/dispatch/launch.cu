@@ -371,12 +371,11 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
 // The launches of a forward call after the prefix: fused_walk (with its segment sums) when `fused`,
 // else fwd_pass_state and compute_out (overlapping); then varlen_states where asked for.
 void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k, bool fused,
-                            const kernels::PassStateConfig& ps, const kernels::ComputeOutConfig& co,
+                            const kernels::PassStateConfig& ps, const kernels::ComputeOutConfig& co, int sm_count,
                             cudaStream_t stream) {
   if (fused) {
     if (k.nseg > 1) {
       const int64_t walk_heads = (k.varlen ? k.nseq : k.batch) * k.nheads;
-      const int sm_count = current_device_id().sm_count;
       kernels::launch_segment_sums(k, segment_sums_tile(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, sm_count),
                                    stream);
     }
@@ -497,13 +496,11 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
   const WorkspacePlan w = fused && !fused_needs_chunk_states(p) ? plan_workspace(p, s, false) : full;
   const kernels::SsdParams k0 = make_kernel_params(p, s, w, ws);
   const kernels::SsdParams k = fused ? fused_params(p, k0, cfg.pass_state_segments, w) : with_pass_state(k0, ps, w);
+  const int sm_count = current_device_id().sm_count;
   kernels::ComputeOutConfig co;
-  if (!fused) {
-    co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, static_cast<int>(walk_count(p, s)),
-                            current_device_id().sm_count);
-  }
+  if (!fused) co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, static_cast<int>(walk_count(p, s)), sm_count);
   launch_prefix(p, s, w, ws, k, stream);
-  launch_walk_and_output(p, k, fused, ps, co, stream);
+  launch_walk_and_output(p, k, fused, ps, co, sm_count, stream);
 }
 
 TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace,
@@ -583,14 +580,14 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
         compute_out_config(kc, ps, heads_per_cta, static_cast<int>(walk_count(p, s)), dev.sm_count);
     return time_ms([&] {
       launch_prefix(p, s, w, ws, kc, stream);
-      launch_walk_and_output(p, kc, false, ps, co, stream);
+      launch_walk_and_output(p, kc, false, ps, co, dev.sm_count, stream);
     });
   };
   auto fused_ms = [&](int segments) {
     const kernels::SsdParams kc = fused_params(p, k, segments, w);
     return time_ms([&] {
       launch_prefix(p, s, w, ws, kc, stream);
-      launch_walk_and_output(p, kc, true, {}, {}, stream);
+      launch_walk_and_output(p, kc, true, {}, {}, dev.sm_count, stream);
     });
   };
   const bool fused_ok = fused_walk_applies(s);
@@ -688,13 +685,22 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   r.best = two;
   r.best_ms = best_ms;
   // (KernelConfig as timed: fused_walk's segments or the two kernels' settings)
-  auto config_ms = [&](const KernelConfig& c) {
-    if (c.fused_walk == 2) return fused_ms(c.pass_state_segments);
+  auto pass_state_of = [](const KernelConfig& c) {
     kernels::PassStateConfig ps;
     ps.dstate_tile = c.pass_state_dstate_tile;
     ps.stages = c.pass_state_stages;
     ps.segments = c.pass_state_segments;
-    return forward_ms(ps, c.compute_out_heads_per_cta);
+    return ps;
+  };
+  auto config_ms = [&](const KernelConfig& c) {
+    if (c.fused_walk == 2) return fused_ms(c.pass_state_segments);
+    return forward_ms(pass_state_of(c), c.compute_out_heads_per_cta);
+  };
+  // The split of the walks that a setting runs (a count the shape reduces to another's split
+  // launches the same kernels).
+  auto nseg_of = [&](const KernelConfig& c) {
+    return c.fused_walk == 2 ? fused_params(p, k, c.pass_state_segments, w).nseg
+                             : with_pass_state(k, pass_state_of(c), w).nseg;
   };
   const bool two_timed = best_ms > 0.0;  // (the budget may end before the first)
   const bool fused_wins = !fused_splits.empty() && (!two_timed || (heuristic_fused ? !clearly_faster(best_ms, fused_best_ms)
@@ -709,7 +715,14 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   // settings' times drift by a few percent during the search. The pick stands only if it is
   // still clearly faster.
   const bool heuristic_runs = r.heuristic.fused_walk == 2 ? fused_ok : two_fit;
-  if (r.complete && heuristic_runs && !(r.best == r.heuristic) && !out_of_time()) {
+  // (settings that differ only in fields their mode does not use launch the same kernels)
+  auto same_launch = [&](const KernelConfig& a, const KernelConfig& b) {
+    if ((a.fused_walk == 2) != (b.fused_walk == 2) || nseg_of(a) != nseg_of(b)) return false;
+    return a.fused_walk == 2 || (a.pass_state_dstate_tile == b.pass_state_dstate_tile &&
+                                 a.pass_state_stages == b.pass_state_stages &&
+                                 a.compute_out_heads_per_cta == b.compute_out_heads_per_cta);
+  };
+  if (r.complete && heuristic_runs && !same_launch(r.best, r.heuristic) && !out_of_time()) {
     double heur = config_ms(r.heuristic), best = config_ms(r.best);
     heur = std::min(heur, config_ms(r.heuristic));
     best = std::min(best, config_ms(r.best));

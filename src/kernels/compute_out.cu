@@ -510,26 +510,10 @@ void launch_typed(const SsdParams& p, int stages, const CtaFootprint& beside, co
     throw_launch_error("compute_out: too many chunks for one launch (grid would be " + std::to_string(blocks) +
                        " blocks)");
   }
-  // Programmatic dependent launch: starts while fwd_pass_state still runs (see kernels.hpp).
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.ready != nullptr ? 1 : 0;  // without the counters: after fwd_pass_state
-  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, stages, maps);
-  if (err != cudaSuccess && cfg.numAttrs > 0) {
-    // A driver or context without programmatic dependent launch: launch after fwd_pass_state
-    // instead (the counters are then complete when compute_out starts, so it never waits).
-    (void)cudaGetLastError();
-    cfg.numAttrs = 0;
-    err = cudaLaunchKernelEx(&cfg, kernel, p, stages, maps);
-  }
-  check_cuda(err, "launch compute_out");
+  // Starts while fwd_pass_state still runs (see kernels.hpp); without the progress counters,
+  // after it.
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, stream, p.ready != nullptr, 1,
+                "launch compute_out", p, stages, maps);
 }
 
 template <class T, int P>

@@ -509,24 +509,8 @@ void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks,
     attr_bytes = smem;
   }
   const dim3 grid(kRanks, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
-  if constexpr (kRanks == 1) {
-    kernel<<<grid, Fused<T, NK>::kThreadsAll, smem, stream>>>(p, maps);
-    check_cuda(cudaGetLastError(), "launch fused_walk");
-  } else {
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kRanks;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(Fused<T, NK>::kThreadsAll);
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-    cfg.stream = stream;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, maps), "launch fused_walk (clusters of two)");
-  }
+  launch_kernel(kernel, grid, dim3(Fused<T, NK>::kThreadsAll), smem, stream, false, kRanks,
+                kRanks == 1 ? "launch fused_walk" : "launch fused_walk (clusters of two)", p, maps);
 }
 
 }  // namespace

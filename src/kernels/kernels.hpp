@@ -14,6 +14,41 @@ void check_cuda(cudaError_t err, const char* what);
 // Throws mamba2_ssd::Error (kind kUnsupported) for a shape a single launch cannot cover.
 [[noreturn]] void throw_launch_error(const std::string& message);
 
+// Launches `kernel` on `stream`, where `early`, with programmatic dependent launch (see
+// pdl_wait_primary: it may start while the kernel before it runs), and on clusters of `cluster`
+// CTAs along x where cluster > 1. A driver that refuses the early start gets a plain launch
+// (the kernel's wait then returns at once).
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream, bool early,
+                   int cluster, const char* what, Args&&... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  if (cluster > 1) {
+    attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[cfg.numAttrs].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attrs[cfg.numAttrs].val.clusterDim.y = 1;
+    attrs[cfg.numAttrs].val.clusterDim.z = 1;
+    ++cfg.numAttrs;
+  }
+  if (early) {
+    attrs[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++cfg.numAttrs;
+  }
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (err != cudaSuccess && early) {
+    (void)cudaGetLastError();
+    --cfg.numAttrs;
+    err = cudaLaunchKernelEx(&cfg, kernel, args...);
+  }
+  check_cuda(err, what);
+}
+
 // fwd_pass_state: dstate columns per CTA (64 or 32; 32 doubles the CTAs for small batches) and
 // the depth of its load ring (4: one CTA per SM with many loads in flight; 2: small enough for
 // two or three CTAs per SM when walks x heads is large).
