@@ -160,6 +160,14 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Named barrier `id` (1-15; 0 is __syncthreads') of `count` threads, whole warps: arrive without
+// waiting, or arrive and wait for the others.
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 // ------------------------------------------------------------------ overlap of two kernels
 // fwd_pass_state and compute_out overlap (programmatic dependent launch): fwd_pass_state lets

@@ -80,9 +80,12 @@ struct Fused {
 // other rank's warpgroup m stores into its shared memory (16 KB of fp32, fragment order).
 constexpr int kPartialBytes = kM * 64 * 4;
 
-// The chunk buffer: [block m: C_m, B_m, X_m] for m < q / 64, then cum, dt' and w (q floats each).
+// The chunk buffer: [block m: C_m, B_m, X_m] for m < q / 64, then cum, dt' and w (q floats each),
+// in two slots (chunks of even and odd rank in the walk) with two warpgroups: block 0's tiles
+// and the weights of the next chunk land while this chunk's block 1 still reads its weights.
+template <int NK>
 __host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
-  return ((q / kM) * block_bytes + 3 * q * 4 + 1023) / 1024 * 1024;
+  return ((q / kM) * block_bytes + (NK == 4 ? 2 : 1) * 3 * q * 4 + 1023) / 1024 * 1024;
 }
 // The epilogue's fp32 staging (64 x 64, 16 KB): in C_m's tile once block m is done with it where
 // that is as large (NK >= 2; only the warpgroup of block m reads C_m), else its own.
@@ -94,7 +97,7 @@ constexpr int staging_bytes() { return NK >= 2 ? 0 : kM * kN * 4; }
 template <class T, int NK, int kRanks>
 constexpr int fused_smem_bytes(int q) {
   using F = Fused<T, NK>;
-  return 1024 + buffer_bytes(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
+  return 1024 + buffer_bytes<NK>(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
          (q / kM + (kRanks > 1 ? 2 : 0)) * 8 + (kRanks > 1 ? 16 + kPartialBytes : 0);
 }
 
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   const int n_local = static_cast<int>(c_end - c_begin);
 
   char* s_buf = smem;                                              // the chunk buffer
-  char* s_h = smem + buffer_bytes(F::kBlockBytes, q);              // H_s: NK slices (p, n)
+  char* s_h = smem + buffer_bytes<NK>(F::kBlockBytes, q);              // H_s: NK slices (p, n)
   float* s_y_own = reinterpret_cast<float*>(s_h + NK * F::kSlice);  // staging (NK = 1)
   float* s_d = s_y_own + staging_bytes<NK>() / 4;                  // [64]
   int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + 64);          // [q]
@@ -155,13 +158,14 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   // ---- producer (thread 0): chunk c_rel's tiles and weights into the buffer, one mbarrier per
   // block (the weights on block 0's).
   const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h);
-  auto issue_chunk = [&](int c_rel) {
+  // Blocks m_first .. m_last of chunk c_rel (block 0 with the weights).
+  auto issue_chunk = [&](int c_rel, int m_first, int m_last) {
     if (c_rel >= n_local) return;
     const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
     char* buf = s_buf;
     const int tok = static_cast<int>(ci.tok0);
     const int n0 = n_base();
-    for (int m = 0; m < nb; ++m) {
+    for (int m = m_first; m <= m_last; ++m) {
       uint64_t* bar = bars + m;
       char* blk = buf + m * F::kBlockBytes;
       tma::mbar_arrive_expect(bar, F::kBlockBytes + (m == 0 ? 3 * q * 4 : 0));
@@ -179,14 +183,14 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
       tma::load_4d(&maps.x, bar, blk + 2 * NK * F::kSlice, 0, tok + m * kM, h32, row32);
       if (m == 0) {
         const int64_t off = cum_offset(p, walk.row, h, walk.g0 + c_begin + c_rel);
-        float* meta = reinterpret_cast<float*>(buf + nb * F::kBlockBytes);
+        float* meta = reinterpret_cast<float*>(buf + nb * F::kBlockBytes) + (kWG == 2 ? (c_rel & 1) * 3 * q : 0);
         tma::load_bulk(meta, p.cum + off, q * 4, bar);
         tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
         tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
       }
     }
   };
-  if (tid == 0) issue_chunk(0);
+  if (tid == 0) issue_chunk(0, 0, nb - 1);
 
   // ---- the state entering the segment
   typename F::MmaUpd mma_up;
@@ -270,6 +274,12 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + walk.row * p.seq_sb : nullptr;
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
   uint32_t parity = 0;  // the phase of the block mbarriers (and of bar_full / bar_free) to wait for
+  // Two warpgroups: the next chunk's block 0 (and weights) loads while block 1 is finished, not
+  // after the chunk. Block 0's tiles are last read by S_10 X_0 (warpgroup 1) and by block 0's
+  // epilogue (warpgroup 0, which issues the loads once both are past: named barrier 1); both
+  // warpgroups' updates with block 0 complete before S_10 X_0 is issued. (One warpgroup: the
+  // same after S_10 X_0 was within 2% either way at dstate 64 and 128, 2026-11-30.)
+  constexpr bool early_refill = kWG == 2;
   float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
 
 #pragma unroll 1
@@ -277,7 +287,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     const int64_t c = c_begin + c_rel;
     const ChunkInfo ci = walk_chunk(p, walk, c);
     char* buf = s_buf;
-    const float* s_cum = reinterpret_cast<const float*>(buf + nb * F::kBlockBytes);
+    const float* s_cum = reinterpret_cast<const float*>(buf + nb * F::kBlockBytes) + (kWG == 2 ? (c_rel & 1) * 3 * q : 0);
     float* s_e = const_cast<float*>(s_cum) + q;  // dt' as loaded, then e_s (see the top)
     const float* s_w = s_cum + 2 * q;
     const float carry = carry_next;
@@ -420,6 +430,10 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
         warpgroup_fence_operand(acc[0]);
         warpgroup_fence_operand(cb);
       }
+      if (early_refill && m == 1) {
+        fence_async_shared();  // (load_xw read X_0)
+        named_barrier_arrive(1, 2 * kThreads);
+      }
       make_s();
       warpgroup_fence_operand(acc[0]);
       warpgroup_arrive();
@@ -474,6 +488,11 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
       epilogue_heads<T, 64, 1, kWG>(
           p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
     }
+    if (early_refill && wg == 0) {
+      fence_async_shared();  // (block 0's epilogue read X_0 and the staging in C_0's tile)
+      named_barrier_sync(1, 2 * kThreads);
+      if (tid == 0) issue_chunk(c_rel + 1, 0, 0);
+    }
     warpgroup_wait<0>();  // the last block's update
     warpgroup_fence_operand(hacc);
     parity ^= 1u;
@@ -488,7 +507,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     // accesses ordered before the TMA writes).
     fence_async_shared();
     __syncthreads();
-    if (tid == 0) issue_chunk(c_rel + 1);
+    if (tid == 0) issue_chunk(c_rel + 1, early_refill ? 1 : 0, nb - 1);
   }
   if (p.final_states != nullptr && c_end == walk.nchunks) {
     char* dst = static_cast<char*>(p.final_states) +
