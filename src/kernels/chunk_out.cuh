@@ -135,7 +135,11 @@ __device__ __forceinline__ float4 load4_16(const void* ptr) {
 // x for D x (16-bit inputs): from the X_hm tile in shared memory at x_tile(h) where x_in_smem(h),
 // else from global memory; fp32 inputs: the original fp32 x. (Two functions, the address always
 // computed: a pointer that is null where the tile is gone made compute_out spill.)
-template <class T, int P, int HB, int kWarpgroups = 1, class AccFrag, class XTile, class XInSmem>
+// kReadsFirst: in the common case (16-bit, no z, x in shared memory) a warp's reads of all its
+// rows come before their stores, one shared-memory latency per pass (fused_walk: 1.5-3% faster
+// on the H200); otherwise one row at a time (compute_out: 1% slower with the reads first).
+template <class T, int P, int HB, int kWarpgroups = 1, bool kReadsFirst = false, class AccFrag, class XTile,
+          class XInSmem>
 __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc)[HB], float* s_y, const float* s_d,
                                                XTile x_tile, XInSmem x_in_smem, const ChunkInfo& ci, int m,
                                                int64_t h0, int nh) {
@@ -193,6 +197,34 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
       T* o_row = static_cast<T*>(p.out) + o_off;
       const int64_t o_step = 2 * p.out_st;
       const int r8 = lane / 16;
+      if constexpr (kReadsFirst) {
+        // (rows past the chunk's tokens are read too: finite values, not stored)
+        auto pass = [&](auto with_d) {
+          float4 y[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int sw = (r8 + 2 * i) & 7;
+            y[i] = *reinterpret_cast<const float4*>(y_row + 128 * i + ((4 * c4) ^ (sw << 2)));
+            if constexpr (decltype(with_d)::value) {
+              const float4 x = load4_16<T>(x_row + 256 * i + (((c4 >> 1) ^ sw) << 4));
+              y[i].x += d.x * x.x;
+              y[i].y += d.y * x.y;
+              y[i].z += d.z * x.z;
+              y[i].w += d.w * x.w;
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            if (2 * i < rows_left) {
+              T q[4] = {from_float<T>(y[i].x), from_float<T>(y[i].y), from_float<T>(y[i].z), from_float<T>(y[i].w)};
+              *reinterpret_cast<uint2*>(o_row + i * o_step) = *reinterpret_cast<const uint2*>(q);
+            }
+          }
+        };
+        if (has_d) pass(std::true_type{});
+        else pass(std::false_type{});
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int sw = (r8 + 2 * i) & 7;

@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
         tma::mbar_arrive_cluster(tma::cluster_addr(bar_free, 1 - m));
       }
       float* s_y = NK >= 2 ? reinterpret_cast<float*>(blk) : s_y_own;
-      epilogue_heads<T, 64, 1, kWG>(
+      epilogue_heads<T, 64, 1, kWG, true>(
           p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
     }
     if (early_refill && wg == 0) {
