@@ -215,7 +215,7 @@ def previous_section(results, prev_docs, prev_sources):
         u1, t1, u0, t0 = ms(r, "ours"), ms(r, "triton"), ms(o, "ours"), ms(o, "triton")
         if not (u1 and t1 and u0 and t0):
             continue
-        per_sweep.setdefault(r.get("sweep"), []).append((u1 / u0, t1 / t0, t0 / u1))
+        per_sweep.setdefault(r.get("sweep"), []).append((u1 / u0, t1 / t0, t0 / u1, r.get("l") or 0, r.get("name")))
         rows.append(f"| {r.get('sweep')} | {r.get('name')} | {u0:.4g} → {u1:.4g} | {100 * (u1 / u0 - 1):+.1f}% "
                     f"| {t0:.4g} → {t1:.4g} | {100 * (t1 / t0 - 1):+.1f}% | {t0 / u1:.2f}x |")
     if not rows:
@@ -226,9 +226,13 @@ def previous_section(results, prev_docs, prev_sources):
            "autotuner), so the last column divides the previous run's Triton time by ours: the part of "
            "a ratio's change that is ours.", ""]
     for sw, v in per_sweep.items():
+        long = [x[2] for x in v if x[3] >= 16384]
+        worst = min(v, key=lambda x: x[2])
         out.append(f"- {sw}: ours {100 * (_geomean([x[0] for x in v]) - 1):+.1f}%, Triton "
                    f"{100 * (_geomean([x[1] for x in v]) - 1):+.1f}% (geomean over {len(v)} points); "
-                   f"speedup against the previous Triton times {_geomean([x[2] for x in v]):.2f}x")
+                   f"speedup against the previous Triton times {_geomean([x[2] for x in v]):.2f}x"
+                   + (f", seqlen >= 16K {_geomean(long):.2f}x ({len(long)} points)" if long else "")
+                   + f", worst {worst[2]:.2f}x at {worst[4]}")
     out += ["", "| sweep | shape | ours ms | ours change | Triton ms | Triton change | previous Triton / ours |",
             "|---|---|---:|---:|---:|---:|---:|"] + rows + [""]
     return out

@@ -95,3 +95,25 @@ def test_make_report_merge_and_refuse(tmp_path):
     t = md.read_text()
     assert "Run 1 (a.json)" in t and "Run 2 (m.json)" in t and "Per-kernel breakdown" in t
     assert t.rstrip().endswith("hand written, no marker")
+
+
+def test_previous_section_against_the_previous_triton_times():
+    prev = synthetic.make(seed=0)
+    cur = synthetic.make(seed=1)
+    lines = make_report.previous_section(cur["results"], [prev], ["prev.json"])
+    text = "\n".join(lines)
+    assert lines[0] == "## Against the previous run (prev.json)"
+    # every point timed in both runs: previous Triton time / our time now
+    both = [(p, c) for p, c in zip(prev["results"], cur["results"])
+            if (p.get("ours") or {}).get("graph_ms") and (p.get("triton") or {}).get("graph_ms")
+            and (c.get("ours") or {}).get("graph_ms") and (c.get("triton") or {}).get("graph_ms")]
+    anchor = [(p["triton"]["graph_ms"] / c["ours"]["graph_ms"], c["l"], c["name"]) for p, c in both
+              if c["sweep"] == "anchor"]
+    gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+    long = [x[0] for x in anchor if x[1] >= 16384]
+    worst = min(anchor)
+    line = next(l for l in lines if l.startswith("- anchor:"))
+    assert f"speedup against the previous Triton times {gm([x[0] for x in anchor]):.2f}x" in line
+    assert f"seqlen >= 16K {gm(long):.2f}x ({len(long)} points)" in line
+    assert line.endswith(f"worst {worst[0]:.2f}x at {worst[2]}")
+    assert f"| anchor | {anchor[0][2]} |" in text
