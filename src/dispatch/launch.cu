@@ -498,7 +498,8 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
   const kernels::SsdParams k = fused ? fused_params(p, k0, cfg.pass_state_segments, w) : with_pass_state(k0, ps, w);
   const int sm_count = current_device_id().sm_count;
   kernels::ComputeOutConfig co;
-  if (!fused) co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, static_cast<int>(walk_count(p, s)), sm_count);
+  const int walks = static_cast<int>(walk_count(p, s));
+  if (!fused) co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, walks, sm_count);
   launch_prefix(p, s, w, ws, k, stream);
   launch_walk_and_output(p, k, fused, ps, co, sm_count, stream);
 }

@@ -510,8 +510,9 @@ void launch_typed(const SsdParams& p, int stages, const CtaFootprint& beside, co
     throw_launch_error("compute_out: too many chunks for one launch (grid would be " + std::to_string(blocks) +
                        " blocks)");
   }
-  // Starts while fwd_pass_state still runs (see kernels.hpp); without the progress counters,
-  // after it.
+  // Starts while fwd_pass_state still runs (see kernels.hpp); without the progress counters, or
+  // where the driver refuses the early start, after it (the counters are then complete, so it
+  // never waits on them).
   launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, stream, p.ready != nullptr, 1,
                 "launch compute_out", p, stages, maps);
 }

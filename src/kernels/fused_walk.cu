@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   const int n_local = static_cast<int>(c_end - c_begin);
 
   char* s_buf = smem;                                              // the chunk buffer
-  char* s_h = smem + buffer_bytes<NK>(F::kBlockBytes, q);              // H_s: NK slices (p, n)
+  char* s_h = smem + buffer_bytes<NK>(F::kBlockBytes, q);          // H_s: NK slices (p, n)
   float* s_y_own = reinterpret_cast<float*>(s_h + NK * F::kSlice);  // staging (NK = 1)
   float* s_d = s_y_own + staging_bytes<NK>() / 4;                  // [64]
   int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + 64);          // [q]
@@ -156,7 +156,10 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   else __syncthreads();
 
   // ---- producer (thread 0): chunk c_rel's tiles and weights into the buffer, one mbarrier per
-  // block (the weights on block 0's).
+  // block (the weights on block 0's). The weights' slot of chunk c_rel (two warpgroups: by parity):
+  auto weights_at = [&](int c_rel) {
+    return reinterpret_cast<float*>(s_buf + nb * F::kBlockBytes) + (kWG == 2 ? (c_rel & 1) * 3 * q : 0);
+  };
   const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h);
   // Blocks m_first .. m_last of chunk c_rel (block 0 with the weights).
   auto issue_chunk = [&](int c_rel, int m_first, int m_last) {
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
       tma::load_4d(&maps.x, bar, blk + 2 * NK * F::kSlice, 0, tok + m * kM, h32, row32);
       if (m == 0) {
         const int64_t off = cum_offset(p, walk.row, h, walk.g0 + c_begin + c_rel);
-        float* meta = reinterpret_cast<float*>(buf + nb * F::kBlockBytes) + (kWG == 2 ? (c_rel & 1) * 3 * q : 0);
+        float* meta = weights_at(c_rel);
         tma::load_bulk(meta, p.cum + off, q * 4, bar);
         tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
         tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
@@ -287,7 +290,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     const int64_t c = c_begin + c_rel;
     const ChunkInfo ci = walk_chunk(p, walk, c);
     char* buf = s_buf;
-    const float* s_cum = reinterpret_cast<const float*>(buf + nb * F::kBlockBytes) + (kWG == 2 ? (c_rel & 1) * 3 * q : 0);
+    const float* s_cum = weights_at(c_rel);
     float* s_e = const_cast<float*>(s_cum) + q;  // dt' as loaded, then e_s (see the top)
     const float* s_w = s_cum + 2 * q;
     const float carry = carry_next;
