@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dispatch/tuning.hpp"
 #include "kernels/tensor_map.hpp"
 #include "mamba2_ssd/api.hpp"
 #include "reference/reference.hpp"
@@ -415,6 +416,28 @@ TEST(Gpu, FusedWalk) {
     c.kernel_config = {0, 0, 0, 0, 2};
     c.seed = ++seed;
     check_problem(c, "fused-options");
+  }
+  // Segment sums in 128-column tiles (segment_sums_tile: more 64-column sum CTAs than three per
+  // SM), stored as 64-column tiles for fused_walk: dstate 128 (32 walks x 2 tiles x 7 sums) and
+  // 256 (8 x 4 x 14), the segment counts the shapes reduce 8 and 16 to.
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Wide {
+    int64_t batch, heads, n, seqlen;
+    int segments, nseg;
+  };
+  for (const Wide& w : {Wide{2, 16, 128, 8192 + 40, 8, 8}, Wide{1, 8, 256, 16384 + 3, 16, 15}}) {
+    ASSERT_EQ(detail::segment_sums_tile(64, w.n, 128, w.batch * w.heads, w.nseg, sms), 128)
+        << "dstate " << w.n << " on " << sms << " SMs: the case no longer covers the 128-column sums";
+    ProblemConfig c = base_config();
+    c.batch = w.batch;
+    c.nheads = w.heads;
+    c.dstate = w.n;
+    c.seqlen = w.seqlen;
+    c.kernel_config = {0, 0, 0, w.segments, 2};
+    if (w.n == 256) c.seq_starts = {{3000, 3001, 9000}};
+    c.seed = ++seed;
+    check_problem(c, "fused-sums128");
   }
   for (int64_t qn : {64, 128, 256, 512}) {  // chunk 64, 128; 256 / 512: chunk 128 with that dstate
     const int64_t q = qn >= 256 ? 128 : qn;
