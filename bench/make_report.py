@@ -201,9 +201,33 @@ def _geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def previous_section(results, prev_docs, prev_sources):
-    """Our and Triton's GPU times against an earlier run's, point by point (same sweep and name)."""
-    _, _, prev, _ = merge(prev_docs)
+def previous_breakdown(bd, prev_bd):
+    """Each kernel's profiler time against the earlier run's breakdown of the same shape: where
+    a change of Triton's total comes from (its autotuner's picks move between runs)."""
+    if not bd or not prev_bd or bd.get("name") != prev_bd.get("name"):
+        return []
+
+    def times(b):
+        return {(r["impl"], r["kernel"]): r.get("ms_per_fwd") for r in rio.breakdown_rows(b)
+                if r["source"] == "profiler" and (r.get("ms_per_fwd") or 0) > 0}
+
+    now, before = times(bd), times(prev_bd)
+    keys = [k for k in now if k in before]
+    if not keys:
+        return []
+    out = ["", f"Per kernel at the breakdown shape ({bd.get('name')}), profiler time per call (ms):", "",
+           "| impl | kernel | ms | change |", "|---|---|---:|---:|"]
+    for impl, kernel in keys:
+        t0, t1 = before[(impl, kernel)], now[(impl, kernel)]
+        change = f"{100 * (t1 / t0 - 1):+.1f}%" if t0 > 0 else "-"
+        out.append(f"| {impl} | {kernel} | {rio.fmt_ms(t0)} → {rio.fmt_ms(t1)} | {change} |")
+    return out
+
+
+def previous_section(results, prev_docs, prev_sources, bd=None):
+    """Our and Triton's GPU times against an earlier run's, point by point (same sweep and name),
+    and per kernel where both runs have a breakdown of the same shape."""
+    _, _, prev, prev_bd = merge(prev_docs)
     index = {(r.get("sweep"), r.get("name")): r for r in prev}
 
     def ms(r, who):
@@ -234,8 +258,8 @@ def previous_section(results, prev_docs, prev_sources):
                    + (f", seqlen >= 16K {_geomean(long):.2f}x ({len(long)} points)" if long else "")
                    + f", worst {worst[2]:.2f}x at {worst[4]}")
     out += ["", "| sweep | shape | ours ms | ours change | Triton ms | Triton change | previous Triton / ours |",
-            "|---|---|---:|---:|---:|---:|---:|"] + rows + [""]
-    return out
+            "|---|---|---:|---:|---:|---:|---:|"] + rows
+    return out + previous_breakdown(bd, prev_bd) + [""]
 
 
 def render(docs, sources, plot_rel=None, prev_docs=None, prev_sources=()):
@@ -269,7 +293,7 @@ def render(docs, sources, plot_rel=None, prev_docs=None, prev_sources=()):
                 lines += [f"![speedup and fraction of the roofline floor, anchor sweep]({plot_rel})", ""]
         lines += [rio.markdown_table(rs), ""]
     if prev_docs:
-        lines += previous_section(results, prev_docs, prev_sources)
+        lines += previous_section(results, prev_docs, prev_sources, bd)
     lines += breakdown_section(bd)
     lines += [METHOD]
     return "\n".join(lines).rstrip() + "\n\n"

@@ -2,7 +2,8 @@
 # The test command (README): fetches the pinned build dependencies, builds the library, the CLI
 # and the tests (CUDA kernels included when nvcc is present), runs every C++ test through ctest
 # (GPU tests skip themselves without a Hopper GPU), runs the Python tests on the extension of the
-# same build, then checks `pip install .` (CPU-only, for speed).
+# same build and the benchmark's CPU tests (bench/tests), then checks `pip install .` (CPU-only,
+# for speed).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -28,8 +29,8 @@ echo "test: C++ tests"
 
 # The Python tests use the extension of the build above (copied to python/mamba2_ssd/_C*.so), so
 # the kernels are compiled once; `pip install .` is then checked with a CPU-only build (seconds).
-echo "test: Python tests (extension from $build)"
-PYTHONPATH="$root/python" python3 -m pytest -q tests/python
+echo "test: Python tests (extension from $build) and the benchmark's CPU tests"
+PYTHONPATH="$root/python" python3 -m pytest -q tests/python bench/tests
 echo "test: pip install . (CPU-only packaging check)"
 python3 -m pip install --quiet --no-build-isolation -C build-dir="$root/build-py" \
   -C cmake.define.MAMBA2_SSD_CUDA=OFF .

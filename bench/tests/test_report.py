@@ -117,3 +117,26 @@ def test_previous_section_against_the_previous_triton_times():
     assert f"seqlen >= 16K {gm(long):.2f}x ({len(long)} points)" in line
     assert line.endswith(f"worst {worst[0]:.2f}x at {worst[2]}")
     assert f"| anchor | {anchor[0][2]} |" in text
+
+
+def test_previous_section_per_kernel():
+    prev = synthetic.make(seed=0)
+    cur = synthetic.make(seed=1)
+    rows = [r for r in rio.breakdown_rows(cur["breakdown"]) if r["source"] == "profiler"]
+    assert rows
+    before = {(r["impl"], r["kernel"]): r["ms_per_fwd"] for r in rio.breakdown_rows(prev["breakdown"])
+              if r["source"] == "profiler"}
+    # the previous run's kernels twice as slow: -50.0% each
+    for impl in rio.IMPLS:
+        for k in (prev["breakdown"].get(impl) or {}).get("profiler") or []:
+            k["ms_per_fwd"] = 2 * next(r["ms_per_fwd"] for r in rows if (r["impl"], r["kernel"]) == (impl, k["kernel"]))
+    text = "\n".join(make_report.previous_section(cur["results"], [prev], ["prev.json"], cur["breakdown"]))
+    assert f"Per kernel at the breakdown shape ({cur['breakdown']['name']})" in text
+    both = [r for r in rows if (r["impl"], r["kernel"]) in before]
+    assert both  # (the synthetic breakdown has profiler rows for ours only)
+    for r in both:
+        line = f"| {r['impl']} | {r['kernel']} | {rio.fmt_ms(2 * r['ms_per_fwd'])} → {rio.fmt_ms(r['ms_per_fwd'])} |"
+        assert line + " -50.0% |" in text
+    # another shape's breakdown: no per-kernel table
+    other = dict(cur["breakdown"], name="another shape")
+    assert "Per kernel" not in "\n".join(make_report.previous_section(cur["results"], [prev], ["prev.json"], other))
