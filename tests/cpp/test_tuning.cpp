@@ -225,11 +225,6 @@ TEST(TuningHeuristic, WalkSegmentsAllowed) {
   EXPECT_GE(detail::max_walk_segments(v, true), 4);
 }
 
-// fused_walk takes headdim 64 with dstate up to 128 and chunks of 64 or 128 tokens, or dstate up
-// to 256 and chunks of 128; the dispatcher
-// runs the two kernels for anything else even when fused_walk = 2 is asked for, so this pins
-// that the GPU test Gpu.FusedWalk's shapes really take fused_walk (else it would check nothing
-// about it) and that the others do not.
 // fused_walk's segment sums: 128-column tiles where the 64-column CTAs would exceed one wave of
 // three per SM (v17 A/B on the H200), with headdim 64 and 128-token chunks only.
 TEST(TuningHeuristic, SegmentSumsTile) {
@@ -245,6 +240,10 @@ TEST(TuningHeuristic, SegmentSumsTile) {
   EXPECT_EQ(segment_sums_tile(64, 128, 128, 320, 1, 132), 64);   // no segments
 }
 
+// fused_walk takes headdim 64 with dstate up to 128 and chunks of 64 or 128 tokens, or dstate up
+// to 512 and chunks of 128; the dispatcher runs the two kernels for anything else even when
+// fused_walk = 2 is asked for, so this pins that the GPU test Gpu.FusedWalk's shapes really take
+// fused_walk (else it would check nothing about it) and that the others do not.
 TEST(TuningHeuristic, FusedWalkApplies) {
   auto shape = [](int64_t p, int64_t n, int64_t q) {
     ProblemShape s;
