@@ -45,6 +45,10 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 //   each walking its segment: waves of 3 x sm_count CTAs at 0.15 per chunk. Their waves matter:
 //   the sums of the anchor dstate 128 at 64K take 199 us in 8 segments (448 CTAs, two waves of
 //   64 chunks) and 150 us in 16 (960 CTAs, three waves of 32) (ncu, 2026-11-30).
+// - dstate 64 also has a variant of three CTAs per SM, run where its waves are fewer than two per
+//   SM would take (kernels::launch_fused_walk): there a chunk costs 1.38 units (anchor dstate 64
+//   at 64K: 9.75 us per chunk and CTA in 12 segments against 7.06 in 8 with two per SM; the call
+//   416 against 452 us, H200 2026-11-30 v19).
 // Counts within 1% of the least: the fewest. Fitted to the H200's graph times of 1-16 segments
 // on 11 anchor, model and tensor-parallel calls (2026-11-30, docs/PERFORMANCE.md v14): it picks
 // the fastest or one within 1% on each (1 row x 20 heads x 512 chunks: 13, 410 us against 544 in
@@ -52,16 +56,22 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // at 16K: 8).
 inline int fused_walk_ctas_per_sm(int64_t dstate) { return dstate > 128 ? 1 : 2; }
 inline int fused_walk_ctas_per_walk(int64_t dstate) { return dstate > 256 ? 2 : 1; }
+inline bool fused_walk_three_per_sm(int64_t dstate, int64_t ctas, int sm_count) {
+  const int64_t sm = std::max(sm_count, 1);
+  return dstate <= 64 && (ctas + 3 * sm - 1) / (3 * sm) < (ctas + 2 * sm - 1) / (2 * sm);
+}
 inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int sm_count,
                                    int max_segments) {
-  const int per_sm = fused_walk_ctas_per_sm(64 * dstate_tiles);
-  const int64_t slots = per_sm * static_cast<int64_t>(sm_count), sum_slots = 3 * static_cast<int64_t>(sm_count);
+  const int64_t sum_slots = 3 * static_cast<int64_t>(sm_count);
   auto cost = [&](int64_t seg) {
     const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
+    const bool three = fused_walk_three_per_sm(64 * dstate_tiles, ctas, sm_count);
+    const int per_sm = three ? 3 : fused_walk_ctas_per_sm(64 * dstate_tiles);
+    const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
     const int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
     const double len = static_cast<double>((chunks + seg - 1) / seg);
-    const double alone = per_sm == 2 && ctas <= sm_count ? 0.66 : 1.0;
-    return alone * static_cast<double>((ctas + slots - 1) / slots) * (len + 1.0) +
+    const double unit = three ? 1.38 : per_sm == 2 && ctas <= sm_count ? 0.66 : 1.0;
+    return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + 1.0) +
            0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * len;
   };
   const int64_t top = std::max(max_segments, 1);

@@ -18,9 +18,9 @@
 // and one load of every state) and without two kernels competing for the SMs.
 // A chunk's tiles (C, B and x of each block by TMA; its cum, dt' and w by bulk copies) fill one
 // buffer, refilled with the next chunk's once the chunk is done: the shared memory of a CTA is
-// kept small enough for two CTAs per SM, whose loads and steps overlap: every step of the chain
-// waits for its wgmma, and one CTA per SM with a double buffer made the anchor's long calls 1.4x
-// slower (docs/PERFORMANCE.md, v12). Above dstate 128 the chunk's tiles take 145 KB: one CTA per
+// kept small enough for two CTAs per SM (three at dstate 64, see kCtas), whose loads and steps
+// overlap: every step of the chain waits for its wgmma, and one CTA per SM with a double buffer
+// made the anchor's long calls 1.4x slower (docs/PERFORMANCE.md, v12). Above dstate 128 the chunk's tiles take 145 KB: one CTA per
 // SM, its two warpgroups (blocks 0 and 1 of a 128-token chunk) overlapping each other instead.
 // (Running the two warpgroups' epilogues after the next chunk's loads were issued, x then read
 // from global memory, made dstate 256 and 512 20-30% slower: v17.)
@@ -80,12 +80,21 @@ struct Fused {
 // other rank's warpgroup m stores into its shared memory (16 KB of fp32, fragment order).
 constexpr int kPartialBytes = kM * 64 * 4;
 
+// kCtas: CTAs per SM. Two of one warpgroup (dstate 128: 248 registers; dstate 64: also three,
+// see launch_fused_walk), one of two warpgroups (NK = 4: its shared memory). Three at dstate 64
+// take at most 168 registers and 75 KB of shared memory each: the state weights w come from cum
+// and e (see load_xw), not as a third array, and the decays are computed once C_m B_j^T has
+// landed, not under its wgmma (kLateDecay). Each CTA is then slower (dstate 64, 4K tokens in 8
+// segments: 42.6 us against 40.5 with two per SM, H200 2026-11-30), the SM's throughput higher.
+template <int kCtas>
+constexpr int weight_arrays = kCtas == 3 ? 2 : 3;
+
 // The chunk buffer: [block m: C_m, B_m, X_m] for m < q / 64, then cum, dt' and w (q floats each),
 // in two slots (chunks of even and odd rank in the walk) with two warpgroups: block 0's tiles
 // and the weights of the next chunk land while this chunk's block 1 still reads its weights.
-template <int NK>
+template <int NK, int kCtas>
 __host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
-  return ((q / kM) * block_bytes + (NK == 4 ? 2 : 1) * 3 * q * 4 + 1023) / 1024 * 1024;
+  return ((q / kM) * block_bytes + (NK == 4 ? 2 : 1) * weight_arrays<kCtas> * q * 4 + 1023) / 1024 * 1024;
 }
 // The epilogue's fp32 staging (64 x 64, 16 KB): in C_m's tile once block m is done with it where
 // that is as large (NK >= 2; only the warpgroup of block m reads C_m), else its own.
@@ -94,17 +103,19 @@ constexpr int staging_bytes() { return NK >= 2 ? 0 : kM * kN * 4; }
 
 // Shared memory: [chunk buffer][H_s: NK slices][y staging][D: 64][seq_idx: q][mbarriers: q / 64,
 // two ranks: + 2][two ranks: the other rank's partial output], after up to 1 KB of alignment.
-template <class T, int NK, int kRanks>
+template <class T, int NK, int kRanks, int kCtas>
 constexpr int fused_smem_bytes(int q) {
   using F = Fused<T, NK>;
-  return 1024 + buffer_bytes<NK>(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
+  return 1024 + buffer_bytes<NK, kCtas>(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
          (q / kM + (kRanks > 1 ? 2 : 0)) * 8 + (kRanks > 1 ? 16 + kPartialBytes : 0);
 }
+// (228 KB of shared memory per SM, 1 KB of it reserved per CTA)
+static_assert(3 * (fused_smem_bytes<cutlass::bfloat16_t, 1, 1, 3>(128) + 1024) <= 228 * 1024,
+              "three CTAs of dstate 64 per SM");
 
-// Two CTAs per SM of one warpgroup; one CTA of two warpgroups (NK = 4: its shared memory).
 // kRanks: the CTAs (of one cluster) per head walk, 1 or 2 (NK = 4 only).
-template <class T, int NK, int kRanks>
-__global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::kWarpgroups)
+template <class T, int NK, int kRanks, int kCtas>
+__global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, kCtas)
     fused_walk_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps) {
   using F = Fused<T, NK>;
   using Tr = typename F::Tr;
@@ -132,7 +143,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   const int n_local = static_cast<int>(c_end - c_begin);
 
   char* s_buf = smem;                                              // the chunk buffer
-  char* s_h = smem + buffer_bytes<NK>(F::kBlockBytes, q);          // H_s: NK slices (p, n)
+  char* s_h = smem + buffer_bytes<NK, kCtas>(F::kBlockBytes, q);          // H_s: NK slices (p, n)
   float* s_y_own = reinterpret_cast<float*>(s_h + NK * F::kSlice);  // staging (NK = 1)
   float* s_d = s_y_own + staging_bytes<NK>() / 4;                  // [64]
   int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + 64);          // [q]
@@ -158,7 +169,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   // ---- producer (thread 0): chunk c_rel's tiles and weights into the buffer, one mbarrier per
   // block (the weights on block 0's). The weights' slot of chunk c_rel (two warpgroups: by parity):
   auto weights_at = [&](int c_rel) {
-    return reinterpret_cast<float*>(s_buf + nb * F::kBlockBytes) + (kWG == 2 ? (c_rel & 1) * 3 * q : 0);
+    return reinterpret_cast<float*>(s_buf + nb * F::kBlockBytes) + (kWG == 2 ? (c_rel & 1) * weight_arrays<kCtas> * q : 0);
   };
   const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h);
   // Blocks m_first .. m_last of chunk c_rel (block 0 with the weights).
@@ -171,7 +182,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     for (int m = m_first; m <= m_last; ++m) {
       uint64_t* bar = bars + m;
       char* blk = buf + m * F::kBlockBytes;
-      tma::mbar_arrive_expect(bar, F::kBlockBytes + (m == 0 ? 3 * q * 4 : 0));
+      tma::mbar_arrive_expect(bar, F::kBlockBytes + (m == 0 ? weight_arrays<kCtas> * q * 4 : 0));
       auto load_slice = [&](int ks) {
         tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok + m * kM, grp32, row32);
         tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok + m * kM, grp32, row32);
@@ -189,7 +200,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
         float* meta = weights_at(c_rel);
         tma::load_bulk(meta, p.cum + off, q * 4, bar);
         tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
-        tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+        if constexpr (weight_arrays<kCtas> == 3) tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
       }
     }
   };
@@ -248,17 +259,39 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma_up);
   auto thr_x_copy = x_copy.get_slice(wtid);
   Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));  // (p, token) of each value
-  // xw = X_mu^T * w (block mu of the buffer, tokens scaled by their state weights).
-  auto load_xw = [&](const char* buf_base, const float* s_w_base, int mu) {
+  // xw = X_mu^T * w (block mu of the buffer, tokens scaled by their state weights). s_wts: the
+  // chunk's cum and e, s_w_base its w (weight_arrays 3). With two arrays w_t = exp2(cum_last - e_t) =
+  // exp2(cum_last - cum_t) dt'_t (0 on padding, where e is +inf), and 0 for a token of another
+  // sequence than the chunk's last token (seq_count: the chunk's token count where seq_idx is
+  // given, else 0), as chunk_cumsum computes it.
+  auto load_xw = [&](const char* buf_base, const float* s_wts, const float* s_w_base, int mu, int seq_count) {
     Tensor sX = make_tensor(
         make_smem_ptr(reinterpret_cast<const T*>(buf_base + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
         typename Tr::LayoutX{});
     Tensor dst = thr_x_copy.retile_D(xw);
     copy(x_copy, thr_x_copy.partition_S(sX), dst);
-    const float* w_m = s_w_base + mu * kM;
+    if constexpr (weight_arrays<kCtas> == 3) {
+      const float* w_m = s_w_base + mu * kM;
 #pragma unroll
-    for (int e = 0; e < decltype(size(xw))::value; ++e) {
-      xw(e) = from_float<T>(to_float<T>(xw(e)) * w_m[get<1>(x_tok(e))]);
+      for (int e = 0; e < decltype(size(xw))::value; ++e) {
+        xw(e) = from_float<T>(to_float<T>(xw(e)) * w_m[get<1>(x_tok(e))]);
+      }
+    } else {
+      const float* e_m = s_wts + q + mu * kM;
+      const float last = s_wts[q - 1];
+      auto scale = [&](auto with_seq) {
+        const int32_t* seq_m = s_seq + mu * kM;
+        const int32_t seq_last = with_seq ? s_seq[seq_count - 1] : 0;
+#pragma unroll
+        for (int e = 0; e < decltype(size(xw))::value; ++e) {
+          const int t = get<1>(x_tok(e));
+          float w = fast_exp2(last - e_m[t]);
+          if constexpr (decltype(with_seq)::value) w = seq_m[t] == seq_last ? w : 0.0f;
+          xw(e) = from_float<T>(to_float<T>(xw(e)) * w);
+        }
+      };
+      if (seq_count > 0) scale(std::true_type{});
+      else scale(std::false_type{});
     }
   };
   // The update H += (X_mu * w)^T B_mu over the warpgroup's slices, issued as one batch (xw is
@@ -283,6 +316,9 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   // warpgroups' updates with block 0 complete before S_10 X_0 is issued. (One warpgroup: the
   // same after S_10 X_0 was within 2% either way at dstate 64 and 128, 2026-11-30.)
   constexpr bool early_refill = kWG == 2;
+  // Three CTAs per SM (NK = 1): the decays once C_m B_j^T has landed, not under its wgmma (their
+  // registers would overlap S's and C B^T's in flight: 168 per thread were not enough).
+  constexpr bool kLateDecay = kCtas == 3;
   float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
 
 #pragma unroll 1
@@ -292,7 +328,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     char* buf = s_buf;
     const float* s_cum = weights_at(c_rel);
     float* s_e = const_cast<float*>(s_cum) + q;  // dt' as loaded, then e_s (see the top)
-    const float* s_w = s_cum + 2 * q;
+    const float* s_w = s_cum + 2 * q;            // (weight_arrays 3)
     const float carry = carry_next;
     if (c_rel + 1 < n_local) carry_next = carry_walk[c + 1];  // a chunk ahead, off the chain
     int32_t seq_prev = 0;
@@ -313,7 +349,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
           *reinterpret_cast<const uint32_t*>(pair);
     }
     fence_async_shared();
-    tma::mbar_wait(bars, parity);  // block 0, with the chunk's cum, dt' and w
+    tma::mbar_wait(bars, parity);  // block 0, with the chunk's cum, dt' (and w)
     if (tid < q) s_e[tid] = s_cum[tid] - fast_log2(s_e[tid]);  // dt' = 0 (padding): +inf, S = 0
     __syncthreads();  // H_s, s_seq and e_s written
     warpgroup_fence_operand(hacc);
@@ -323,7 +359,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
     // Two warpgroups: block 0's update first (it completes before the output's first wait
     // returns), block 1's after the output, as one warpgroup does each block's.
     if constexpr (F::kWarpgroups == 2) {
-      load_xw(buf, s_w, 0);
+      load_xw(buf, s_cum, s_w, 0, seq_row != nullptr ? ci.count : 0);
       update_mma(buf, 0);
     }
 
@@ -413,10 +449,11 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
       };
       const float f0 = sees0 ? fast_exp2(fminf(ct0, 0.0f)) : 0.0f;  // (under the wgmma)
       const float f1 = sees1 ? fast_exp2(fminf(ct1, 0.0f)) : 0.0f;
-      decay_for(0);
+      if constexpr (!kLateDecay) decay_for(0);
       warpgroup_wait<0>();  // (and the previous block's update)
       warpgroup_fence_operand(acc[0]);
       warpgroup_fence_operand(cb);
+      if constexpr (kLateDecay) decay_for(0);
 #pragma unroll
       for (int v = 0; v < decltype(size(acc[0]))::value; ++v) acc[0](v) *= ((v >> 1) & 1) ? f1 : f0;
 #pragma unroll 1
@@ -428,10 +465,11 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
         issue_sx(j);
         issue_cb(j + 1);
         warpgroup_commit_batch();
-        decay_for(j + 1);
+        if constexpr (!kLateDecay) decay_for(j + 1);
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc[0]);
         warpgroup_fence_operand(cb);
+        if constexpr (kLateDecay) decay_for(j + 1);
       }
       if (early_refill && m == 1) {
         fence_async_shared();  // (load_xw read X_0)
@@ -448,7 +486,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
       const char* x_m = blk + 2 * NK * F::kSlice;
       const int m_up = F::kWarpgroups == 1 ? m : 1;  // (two warpgroups: block 1, see above)
       if (F::kWarpgroups == 2 && m == 0) tma::mbar_wait(bars + 1, parity);
-      load_xw(buf, s_w, m_up);
+      load_xw(buf, s_cum, s_w, m_up, seq_row != nullptr ? ci.count : 0);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc[0]);
 
@@ -520,14 +558,19 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, 3 - Fused<T, NK>::k
   if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's last arrivals on this rank's mbarriers)
 }
 
-template <class T, int NK, int kRanks = 1>
+template <class T, int NK, int kRanks, int kCtas>
 void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks, cudaStream_t stream) {
-  auto kernel = fused_walk_kernel<T, NK, kRanks>;
-  const int smem = fused_smem_bytes<T, NK, kRanks>(p.chunk);
+  auto kernel = fused_walk_kernel<T, NK, kRanks, kCtas>;
+  const int smem = fused_smem_bytes<T, NK, kRanks, kCtas>(p.chunk);
   static int attr_bytes = 0;  // per instantiation
   if (smem > attr_bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(fused_walk)");
+    if (kCtas == 3) {  // (three CTAs take all 228 KB of the SM's shared memory)
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared),
+                 "cudaFuncSetAttribute(fused_walk, carveout)");
+    }
     attr_bytes = smem;
   }
   const dim3 grid(kRanks, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
@@ -542,7 +585,7 @@ bool fused_walk_supported(const SsdParams& p) {
                              (p.dstate <= 512 && p.chunk == 128));
 }
 
-void launch_fused_walk(const SsdParams& p, cudaStream_t stream) {
+void launch_fused_walk(const SsdParams& p, bool three_per_sm, cudaStream_t stream) {
   if (!fused_walk_supported(p)) {
     throw_launch_error("fused_walk: takes headdim 64 with dstate <= 128 and chunk 64 or 128, or dstate <= 512 and "
                        "chunk 128, got headdim " +
@@ -559,18 +602,21 @@ void launch_fused_walk(const SsdParams& p, cudaStream_t stream) {
                        std::to_string(p.ready_tiles) + ")");
   }
   const ChunkInputMaps maps = make_chunk_input_maps(p, "fused_walk");
-  if (p.dstate <= 64) {
-    if (p.fp16) launch_typed<cutlass::half_t, 1>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 1>(p, maps, walks, stream);
+  if (p.dstate <= 64 && three_per_sm) {
+    if (p.fp16) launch_typed<cutlass::half_t, 1, 1, 3>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 1, 1, 3>(p, maps, walks, stream);
+  } else if (p.dstate <= 64) {
+    if (p.fp16) launch_typed<cutlass::half_t, 1, 1, 2>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 1, 1, 2>(p, maps, walks, stream);
   } else if (p.dstate <= 128) {
-    if (p.fp16) launch_typed<cutlass::half_t, 2>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 2>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 2, 1, 2>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 2, 1, 2>(p, maps, walks, stream);
   } else if (p.dstate <= 256) {
-    if (p.fp16) launch_typed<cutlass::half_t, 4>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 4>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 4, 1, 1>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 4, 1, 1>(p, maps, walks, stream);
   } else {
-    if (p.fp16) launch_typed<cutlass::half_t, 4, 2>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 4, 2>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 4, 2, 1>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 4, 2, 1>(p, maps, walks, stream);
   }
 }
 

@@ -439,6 +439,31 @@ TEST(Gpu, FusedWalk) {
     c.seed = ++seed;
     check_problem(c, "fused-sums128");
   }
+  // Three CTAs per SM at dstate 64 (where they take fewer waves than two per SM): 1 row x 32 heads
+  // in 12 segments (384 CTAs), bf16 with seq_idx and z, and fp16 in chunks of 64.
+  struct Three {
+    DType dtype;
+    int64_t q, seqlen;
+    bool seq_z;
+  };
+  for (const Three& t : {Three{DType::kBFloat16, 128, 3072 - 7, true}, Three{DType::kFloat16, 64, 3072, false}}) {
+    const int64_t chunks = (t.seqlen + t.q - 1) / t.q, seg_chunks = (chunks + 11) / 12;
+    const int64_t nseg = (chunks + seg_chunks - 1) / seg_chunks;
+    ASSERT_TRUE(detail::fused_walk_three_per_sm(64, 32 * nseg, sms))
+        << nseg << " segments on " << sms << " SMs: the case no longer runs three CTAs per SM";
+    ProblemConfig c = base_config();
+    c.dtype = t.dtype;
+    c.batch = 1;
+    c.nheads = 32;
+    c.dstate = 64;
+    c.chunk_size = t.q;
+    c.seqlen = t.seqlen;
+    c.has_z = t.seq_z;
+    if (t.seq_z) c.seq_starts = {{1000, 1001, 2500}};
+    c.kernel_config = {0, 0, 0, 12, 2};
+    c.seed = ++seed;
+    check_problem(c, "fused-three-per-sm");
+  }
   for (int64_t qn : {64, 128, 256, 512}) {  // chunk 64, 128; 256 / 512: chunk 128 with that dstate
     const int64_t q = qn >= 256 ? 128 : qn;
     ProblemConfig v = base_config();

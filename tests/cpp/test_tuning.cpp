@@ -244,6 +244,17 @@ TEST(TuningHeuristic, SegmentSumsTile) {
 // to 512 and chunks of 128; the dispatcher runs the two kernels for anything else even when
 // fused_walk = 2 is asked for, so this pins that the GPU test Gpu.FusedWalk's shapes really take
 // fused_walk (else it would check nothing about it) and that the others do not.
+// fused_walk's three CTAs per SM at dstate 64: where they take fewer waves than two per SM.
+TEST(TuningHeuristic, FusedWalkThreePerSm) {
+  using detail::fused_walk_three_per_sm;
+  EXPECT_TRUE(fused_walk_three_per_sm(64, 384, 132));    // 1 wave against 2
+  EXPECT_TRUE(fused_walk_three_per_sm(32, 300, 132));    // dstate under 64 too
+  EXPECT_FALSE(fused_walk_three_per_sm(64, 264, 132));   // one wave of two per SM
+  EXPECT_FALSE(fused_walk_three_per_sm(64, 512, 132));   // 2 waves either way
+  EXPECT_FALSE(fused_walk_three_per_sm(64, 128, 132));   // under one per SM
+  EXPECT_FALSE(fused_walk_three_per_sm(128, 384, 132));  // dstate 128: two per SM only
+}
+
 TEST(TuningHeuristic, FusedWalkApplies) {
   auto shape = [](int64_t p, int64_t n, int64_t q) {
     ProblemShape s;
@@ -336,8 +347,12 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 256), 4).fused_walk, 2);
   EXPECT_EQ(pick(shape(4, 896, 8, 1, 256), 4).fused_walk, 1);
   EXPECT_EQ(pick(shape(1, 16384, 8, 1, 256), 1), (KernelConfig{32, 2, 2, 16, 2}));  // 83.8 us; 168 two kernels
-  // dstate 64 with 128-token chunks: one head per compute_out CTA
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2}));
+  // dstate 64 with 128-token chunks: one head per compute_out CTA. Fused in 12 segments from 16K
+  // tokens (384 CTAs: one wave of three per SM; 416 us at 64K against 452 in 8 segments with
+  // two per SM, 2026-11-30 v19), 8 at 4K (256 CTAs: three per SM would not save a wave)
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 12, 2}));
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 64), 4).pass_state_segments, 12);
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 64), 4).pass_state_segments, 8);
   // short walks, few of them (32 or 64 tiles of 64 columns): fused from 8 chunks on, in the
   // model's segments (1K tokens: 4 for dstate 64 and 128); two kernels under 8 chunks
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2}));
