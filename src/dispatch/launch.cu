@@ -379,7 +379,7 @@ void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k,
       kernels::launch_segment_sums(k, segment_sums_tile(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, sm_count),
                                    stream);
     }
-    kernels::launch_fused_walk(k, fused_walk_three_per_sm(k.dstate, walk_heads * k.nseg, sm_count), stream);
+    kernels::launch_fused_walk(k, fused_walk_variant(k.dstate, k.chunk, walk_heads * k.nseg, sm_count), stream);
   } else {
     // compute_out overlaps fwd_pass_state (see kernels.hpp).
     kernels::launch_fwd_pass_state(k, ps, stream);

@@ -53,10 +53,10 @@ __device__ __forceinline__ uint32_t pair_offset(int t, int k, int lane) {
 // state columns 128 w .. 128 w + 127 (the update's share of the chunk's tokens, all its blocks)
 // and computes the output of block m = w (C_m H_s^T over the whole H_s in shared memory, which
 // both write). A 64 x 256 state per warpgroup would take 128 more registers per thread.
-template <class T, int NK>
+template <class T, int NK, int kWGs>
 struct Fused {
   using Tr = Traits<T, 64>;
-  static constexpr int kWarpgroups = NK == 4 ? 2 : 1;
+  static constexpr int kWarpgroups = kWGs;
   static constexpr int kThreadsAll = kThreads * kWarpgroups;
   static constexpr int kStateSlices = NK / kWarpgroups;  // per warpgroup
   static constexpr int kN_state = kStateSlices * kN;
@@ -92,9 +92,9 @@ constexpr int weight_arrays = kCtas == 3 ? 2 : 3;
 // The chunk buffer: [block m: C_m, B_m, X_m] for m < q / 64, then cum, dt' and w (q floats each),
 // in two slots (chunks of even and odd rank in the walk) with two warpgroups: block 0's tiles
 // and the weights of the next chunk land while this chunk's block 1 still reads its weights.
-template <int NK, int kCtas>
+template <int kWG, int kCtas>
 __host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
-  return ((q / kM) * block_bytes + (NK == 4 ? 2 : 1) * weight_arrays<kCtas> * q * 4 + 1023) / 1024 * 1024;
+  return ((q / kM) * block_bytes + kWG * weight_arrays<kCtas> * q * 4 + 1023) / 1024 * 1024;
 }
 // The epilogue's fp32 staging (64 x 64, 16 KB): in C_m's tile once block m is done with it where
 // that is as large (NK >= 2; only the warpgroup of block m reads C_m), else its own.
@@ -103,21 +103,21 @@ constexpr int staging_bytes() { return NK >= 2 ? 0 : kM * kN * 4; }
 
 // Shared memory: [chunk buffer][H_s: NK slices][y staging][D: 64][seq_idx: q][mbarriers: q / 64,
 // two ranks: + 2][two ranks: the other rank's partial output], after up to 1 KB of alignment.
-template <class T, int NK, int kRanks, int kCtas>
+template <class T, int NK, int kRanks, int kCtas, int kWGs>
 constexpr int fused_smem_bytes(int q) {
-  using F = Fused<T, NK>;
-  return 1024 + buffer_bytes<NK, kCtas>(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
+  using F = Fused<T, NK, kWGs>;
+  return 1024 + buffer_bytes<kWGs, kCtas>(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
          (q / kM + (kRanks > 1 ? 2 : 0)) * 8 + (kRanks > 1 ? 16 + kPartialBytes : 0);
 }
 // (228 KB of shared memory per SM, 1 KB of it reserved per CTA)
-static_assert(3 * (fused_smem_bytes<cutlass::bfloat16_t, 1, 1, 3>(128) + 1024) <= 228 * 1024,
+static_assert(3 * (fused_smem_bytes<cutlass::bfloat16_t, 1, 1, 3, 1>(128) + 1024) <= 228 * 1024,
               "three CTAs of dstate 64 per SM");
 
 // kRanks: the CTAs (of one cluster) per head walk, 1 or 2 (NK = 4 only).
-template <class T, int NK, int kRanks, int kCtas>
-__global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, kCtas)
+template <class T, int NK, int kRanks, int kCtas, int kWGs>
+__global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
     fused_walk_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps) {
-  using F = Fused<T, NK>;
+  using F = Fused<T, NK, kWGs>;
   using Tr = typename F::Tr;
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, kCtas)
   auto n_own = [&]() { return n_base() + wg * F::kN_state; };
   // (NK = 4 takes chunks of 128 only; as a constant, the shared-memory offsets that depend on it
   // take no registers: with two warpgroups the uniform registers spilled)
-  const int q = NK == 4 ? 128 : p.chunk, nb = q / kM;
+  const int q = kWG == 2 ? 128 : p.chunk, nb = q / kM;
   const int64_t h = blockIdx.y;
   const int seg = static_cast<int>(blockIdx.z % p.nseg);
   const Walk walk = make_walk(p, blockIdx.z / p.nseg);
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, kCtas)
   const int n_local = static_cast<int>(c_end - c_begin);
 
   char* s_buf = smem;                                              // the chunk buffer
-  char* s_h = smem + buffer_bytes<NK, kCtas>(F::kBlockBytes, q);          // H_s: NK slices (p, n)
+  char* s_h = smem + buffer_bytes<kWG, kCtas>(F::kBlockBytes, q);          // H_s: NK slices (p, n)
   float* s_y_own = reinterpret_cast<float*>(s_h + NK * F::kSlice);  // staging (NK = 1)
   float* s_d = s_y_own + staging_bytes<NK>() / 4;                  // [64]
   int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + 64);          // [q]
@@ -558,10 +558,10 @@ __global__ void __launch_bounds__(Fused<T, NK>::kThreadsAll, kCtas)
   if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's last arrivals on this rank's mbarriers)
 }
 
-template <class T, int NK, int kRanks, int kCtas>
+template <class T, int NK, int kRanks, int kCtas, int kWGs = (NK == 4 ? 2 : 1)>
 void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks, cudaStream_t stream) {
-  auto kernel = fused_walk_kernel<T, NK, kRanks, kCtas>;
-  const int smem = fused_smem_bytes<T, NK, kRanks, kCtas>(p.chunk);
+  auto kernel = fused_walk_kernel<T, NK, kRanks, kCtas, kWGs>;
+  const int smem = fused_smem_bytes<T, NK, kRanks, kCtas, kWGs>(kWGs == 2 ? 128 : p.chunk);
   static int attr_bytes = 0;  // per instantiation
   if (smem > attr_bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -574,7 +574,7 @@ void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks,
     attr_bytes = smem;
   }
   const dim3 grid(kRanks, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
-  launch_kernel(kernel, grid, dim3(Fused<T, NK>::kThreadsAll), smem, stream, false, kRanks,
+  launch_kernel(kernel, grid, dim3(Fused<T, NK, kWGs>::kThreadsAll), smem, stream, false, kRanks,
                 kRanks == 1 ? "launch fused_walk" : "launch fused_walk (clusters of two)", p, maps);
 }
 
@@ -585,7 +585,7 @@ bool fused_walk_supported(const SsdParams& p) {
                              (p.dstate <= 512 && p.chunk == 128));
 }
 
-void launch_fused_walk(const SsdParams& p, bool three_per_sm, cudaStream_t stream) {
+void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_t stream) {
   if (!fused_walk_supported(p)) {
     throw_launch_error("fused_walk: takes headdim 64 with dstate <= 128 and chunk 64 or 128, or dstate <= 512 and "
                        "chunk 128, got headdim " +
@@ -601,8 +601,16 @@ void launch_fused_walk(const SsdParams& p, bool three_per_sm, cudaStream_t strea
     throw_launch_error("fused_walk: the segment sums must be in 64-column tiles (SsdParams::ready_tiles " +
                        std::to_string(p.ready_tiles) + ")");
   }
+  const bool two_wgs = variant == FusedWalkVariant::kTwoWarpgroups;
+  if (two_wgs && (p.dstate > 128 || p.chunk != 128)) {
+    throw_launch_error("fused_walk: two warpgroups at dstate <= 128 take chunks of 128, got dstate " +
+                       std::to_string(p.dstate) + ", chunk " + std::to_string(p.chunk));
+  }
   const ChunkInputMaps maps = make_chunk_input_maps(p, "fused_walk");
-  if (p.dstate <= 64 && three_per_sm) {
+  if (two_wgs) {  // (dstate <= 64 too: the second warpgroup's columns are past dstate, zeros)
+    if (p.fp16) launch_typed<cutlass::half_t, 2, 1, 1, 2>(p, maps, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 2, 1, 1, 2>(p, maps, walks, stream);
+  } else if (p.dstate <= 64 && variant == FusedWalkVariant::kThreePerSm) {
     if (p.fp16) launch_typed<cutlass::half_t, 1, 1, 3>(p, maps, walks, stream);
     else launch_typed<cutlass::bfloat16_t, 1, 1, 3>(p, maps, walks, stream);
   } else if (p.dstate <= 64) {

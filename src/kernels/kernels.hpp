@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/common.cuh"
+#include "kernels/fused_walk_variant.hpp"
 
 namespace mamba2_ssd::kernels {
 
@@ -101,10 +102,9 @@ void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStr
 // they are stored only where p.states is set). Takes headdim 64 with dstate <= 128 and chunk 64
 // or 128, or dstate <= 512 and chunk 128 (two warpgroups per CTA; above dstate 256 two CTAs of a
 // cluster per walk; fused_walk_supported); segments (p.nseg > 1) need launch_segment_sums(p, 64)
-// or (p, 128) first. three_per_sm (dstate <= 64): the variant of three CTAs per SM, each slower,
-// for grids of more than two CTAs per SM (see fused_walk_three_per_sm in dispatch/tuning.hpp).
+// or (p, 128) first; `variant`: see fused_walk_variant.hpp.
 bool fused_walk_supported(const SsdParams& p);
-void launch_fused_walk(const SsdParams& p, bool three_per_sm, cudaStream_t stream);
+void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_t stream);
 // Batched layout with cu_seqlens: the final state of every packed sequence (p.varlen_states).
 void launch_varlen_states(const SsdParams& p, cudaStream_t stream);
 // fp32 inputs: a strided (rows, inner) fp32 tensor -> contiguous bf16 copy.

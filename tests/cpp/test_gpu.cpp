@@ -464,6 +464,31 @@ TEST(Gpu, FusedWalk) {
     c.seed = ++seed;
     check_problem(c, "fused-three-per-sm");
   }
+  // The other variants at dstate <= 128 in chunks of 128 (the cases above at dstate 128 of up to
+  // one CTA per SM run two warpgroups per CTA): two warpgroups at dstate 96 (the second one's last 32 columns
+  // past dstate) with seq_idx and z in 3 segments; one warpgroup, two CTAs per SM, at dstate 64
+  // and 128 (1 row x 32 heads x 5 segments: 160 CTAs).
+  struct Variant {
+    int64_t batch, heads, n, seqlen;
+    int segments, nseg;
+    kernels::FusedWalkVariant variant;
+  };
+  for (const Variant& v : {Variant{2, 4, 96, 1500, 3, 3, kernels::FusedWalkVariant::kTwoWarpgroups},
+                           Variant{1, 32, 64, 2560 - 9, 5, 5, kernels::FusedWalkVariant::kOneWarpgroup},
+                           Variant{1, 32, 128, 2560 - 9, 5, 5, kernels::FusedWalkVariant::kOneWarpgroup}}) {
+    ASSERT_EQ(detail::fused_walk_variant(v.n, 128, v.batch * v.heads * v.nseg, sms), v.variant)
+        << "dstate " << v.n << " on " << sms << " SMs: the case no longer runs the variant it tests";
+    ProblemConfig c = base_config();
+    c.batch = v.batch;
+    c.nheads = v.heads;
+    c.dstate = v.n;
+    c.seqlen = v.seqlen;
+    c.has_z = v.n == 96;
+    if (v.n == 96) c.seq_starts = {{700, 701}, {20}};
+    c.kernel_config = {0, 0, 0, v.segments, 2};
+    c.seed = ++seed;
+    check_problem(c, "fused-variants");
+  }
   for (int64_t qn : {64, 128, 256, 512}) {  // chunk 64, 128; 256 / 512: chunk 128 with that dstate
     const int64_t q = qn >= 256 ? 128 : qn;
     ProblemConfig v = base_config();

@@ -255,6 +255,19 @@ TEST(TuningHeuristic, FusedWalkThreePerSm) {
   EXPECT_FALSE(fused_walk_three_per_sm(128, 384, 132));  // dstate 128: two per SM only
 }
 
+// Its kernel: two warpgroups per CTA where all CTAs fit one per SM (dstate 65-128, chunks of 128).
+TEST(TuningHeuristic, FusedWalkVariant) {
+  using detail::fused_walk_variant;
+  using V = kernels::FusedWalkVariant;
+  EXPECT_EQ(fused_walk_variant(128, 128, 128, 132), V::kTwoWarpgroups);  // anchor 1K, 4 segments
+  EXPECT_EQ(fused_walk_variant(80, 128, 132, 132), V::kTwoWarpgroups);
+  EXPECT_EQ(fused_walk_variant(64, 128, 128, 132), V::kOneWarpgroup);  // (columns past dstate)
+  EXPECT_EQ(fused_walk_variant(128, 128, 133, 132), V::kOneWarpgroup);
+  EXPECT_EQ(fused_walk_variant(64, 128, 384, 132), V::kThreePerSm);
+  EXPECT_EQ(fused_walk_variant(64, 64, 128, 132), V::kOneWarpgroup);   // chunks of 64
+  EXPECT_EQ(fused_walk_variant(256, 128, 128, 132), V::kOneWarpgroup);  // (dstate 256: its own kernel)
+}
+
 TEST(TuningHeuristic, FusedWalkApplies) {
   auto shape = [](int64_t p, int64_t n, int64_t q) {
     ProblemShape s;

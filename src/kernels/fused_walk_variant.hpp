@@ -1,0 +1,14 @@
+// The kernels of fused_walk for one problem (kernels::launch_fused_walk; chosen by
+// detail::fused_walk_variant in dispatch/tuning.hpp). Kept apart from kernels.hpp, which needs the
+// CUDA headers, so that the host-only tuning code and its tests can name them.
+#pragma once
+
+namespace mamba2_ssd::kernels {
+
+// kOneWarpgroup: two CTAs of one warpgroup per SM. kThreePerSm (dstate <= 64): three such CTAs per
+// SM, each slower. kTwoWarpgroups (dstate <= 128, chunks of 128): one CTA of two warpgroups per SM,
+// one per 64-token block and 64 state columns each, as above dstate 128 (at dstate <= 64 the
+// second warpgroup's columns are past dstate: zeros).
+enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups };
+
+}  // namespace mamba2_ssd::kernels
