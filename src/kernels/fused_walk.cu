@@ -20,8 +20,10 @@
 // buffer, refilled with the next chunk's once the chunk is done: the shared memory of a CTA is
 // kept small enough for two CTAs per SM (three at dstate 64, see kCtas), whose loads and steps
 // overlap: every step of the chain waits for its wgmma, and one CTA per SM with a double buffer
-// made the anchor's long calls 1.4x slower (docs/PERFORMANCE.md, v12). Above dstate 128 the chunk's tiles take 145 KB: one CTA per
-// SM, its two warpgroups (blocks 0 and 1 of a 128-token chunk) overlapping each other instead.
+// made the anchor's long calls 1.4x slower (docs/PERFORMANCE.md, v12). Above dstate 128 the
+// chunk's tiles take 145 KB: one CTA per SM, its two warpgroups (blocks 0 and 1 of a 128-token
+// chunk) overlapping each other instead; at dstate 65-128 the same where a call's CTAs fit one per
+// SM anyway (kWGs).
 // (Running the two warpgroups' epilogues after the next chunk's loads were issued, x then read
 // from global memory, made dstate 256 and 512 20-30% slower: v17.)
 // Parallelism is walks x heads x segments. Segments work as in fwd_pass_state: its sum-only
@@ -49,10 +51,11 @@ __device__ __forceinline__ uint32_t pair_offset(int t, int k, int lane) {
   return static_cast<uint32_t>(t * 128 + ((k ^ (lane / 4)) << 4) + (lane % 4) * 4);
 }
 
-// NK: 64-column dstate slices (1, 2 or 4). With 4 the CTA has two warpgroups: warpgroup w holds
-// state columns 128 w .. 128 w + 127 (the update's share of the chunk's tokens, all its blocks)
-// and computes the output of block m = w (C_m H_s^T over the whole H_s in shared memory, which
-// both write). A 64 x 256 state per warpgroup would take 128 more registers per thread.
+// NK: 64-column dstate slices (1, 2 or 4); kWGs: warpgroups, 2 with NK = 4 and in a variant with
+// NK = 2. With two, warpgroup w holds state columns 128 w .. 128 w + 127 (NK = 2: 64 w ..; the
+// update's share of the chunk's tokens, all its blocks) and computes the output of block m = w
+// (C_m H_s^T over the whole H_s in shared memory, which both write). A 64 x 256 state per
+// warpgroup would take 128 more registers per thread.
 template <class T, int NK, int kWGs>
 struct Fused {
   using Tr = Traits<T, 64>;
@@ -106,8 +109,8 @@ constexpr int staging_bytes() { return NK >= 2 ? 0 : kM * kN * 4; }
 template <class T, int NK, int kRanks, int kCtas, int kWGs>
 constexpr int fused_smem_bytes(int q) {
   using F = Fused<T, NK, kWGs>;
-  return 1024 + buffer_bytes<kWGs, kCtas>(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 + q * 4 + 8 +
-         (q / kM + (kRanks > 1 ? 2 : 0)) * 8 + (kRanks > 1 ? 16 + kPartialBytes : 0);
+  return 1024 + buffer_bytes<kWGs, kCtas>(F::kBlockBytes, q) + NK * F::kSlice + staging_bytes<NK>() + 64 * 4 +
+         q * 4 + 8 + (q / kM + (kRanks > 1 ? 2 : 0)) * 8 + (kRanks > 1 ? 16 + kPartialBytes : 0);
 }
 // (228 KB of shared memory per SM, 1 KB of it reserved per CTA)
 static_assert(3 * (fused_smem_bytes<cutlass::bfloat16_t, 1, 1, 3, 1>(128) + 1024) <= 228 * 1024,
@@ -130,7 +133,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   auto rank_now = [&]() { return kRanks == 1 ? 0 : static_cast<int>(tma::cluster_rank()); };
   auto n_base = [&]() { return rank_now() * NK * kN; };
   auto n_own = [&]() { return n_base() + wg * F::kN_state; };
-  // (NK = 4 takes chunks of 128 only; as a constant, the shared-memory offsets that depend on it
+  // (two warpgroups take chunks of 128 only; as a constant, the shared-memory offsets that depend on it
   // take no registers: with two warpgroups the uniform registers spilled)
   const int q = kWG == 2 ? 128 : p.chunk, nb = q / kM;
   const int64_t h = blockIdx.y;
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   const int n_local = static_cast<int>(c_end - c_begin);
 
   char* s_buf = smem;                                              // the chunk buffer
-  char* s_h = smem + buffer_bytes<kWG, kCtas>(F::kBlockBytes, q);          // H_s: NK slices (p, n)
+  char* s_h = smem + buffer_bytes<kWG, kCtas>(F::kBlockBytes, q);   // H_s: NK slices (p, n)
   float* s_y_own = reinterpret_cast<float*>(s_h + NK * F::kSlice);  // staging (NK = 1)
   float* s_d = s_y_own + staging_bytes<NK>() / 4;                  // [64]
   int32_t* s_seq = reinterpret_cast<int32_t*>(s_d + 64);          // [q]
@@ -169,7 +172,8 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   // ---- producer (thread 0): chunk c_rel's tiles and weights into the buffer, one mbarrier per
   // block (the weights on block 0's). The weights' slot of chunk c_rel (two warpgroups: by parity):
   auto weights_at = [&](int c_rel) {
-    return reinterpret_cast<float*>(s_buf + nb * F::kBlockBytes) + (kWG == 2 ? (c_rel & 1) * weight_arrays<kCtas> * q : 0);
+    return reinterpret_cast<float*>(s_buf + nb * F::kBlockBytes) +
+           (kWG == 2 ? (c_rel & 1) * weight_arrays<kCtas> * q : 0);
   };
   const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h);
   // Blocks m_first .. m_last of chunk c_rel (block 0 with the weights).
