@@ -42,6 +42,8 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // - fused_walk: its CTAs run in waves of ctas_per_sm x sm_count, each wave costing its segment
 //   length plus one chunk of start-up; where two fit per SM but all CTAs fit one per SM they run
 //   alone, 1.5x faster (anchor dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
+//   (At dstate 65-128 those now run two warpgroups per CTA, fused_walk_variant, faster still; the
+//   model keeps 0.66 for them: the tuner picks among the counts, v20.)
 // - The segment sums run first, one CTA per chain, tile and segment but the last, three per SM,
 //   each walking its segment: waves of 3 x sm_count CTAs at 0.15 per chunk. Their waves matter:
 //   the sums of the anchor dstate 128 at 64K take 199 us in 8 segments (448 CTAs, two waves of

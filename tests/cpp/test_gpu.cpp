@@ -439,52 +439,41 @@ TEST(Gpu, FusedWalk) {
     c.seed = ++seed;
     check_problem(c, "fused-sums128");
   }
-  // Three CTAs per SM at dstate 64 (where they take fewer waves than two per SM): 1 row x 32 heads
-  // in 12 segments (384 CTAs), bf16 with seq_idx and z, and fp16 in chunks of 64.
-  struct Three {
-    DType dtype;
-    int64_t q, seqlen;
-    bool seq_z;
-  };
-  for (const Three& t : {Three{DType::kBFloat16, 128, 3072 - 7, true}, Three{DType::kFloat16, 64, 3072, false}}) {
-    const int64_t chunks = (t.seqlen + t.q - 1) / t.q, seg_chunks = (chunks + 11) / 12;
-    const int64_t nseg = (chunks + seg_chunks - 1) / seg_chunks;
-    ASSERT_TRUE(detail::fused_walk_three_per_sm(64, 32 * nseg, sms))
-        << nseg << " segments on " << sms << " SMs: the case no longer runs three CTAs per SM";
-    ProblemConfig c = base_config();
-    c.dtype = t.dtype;
-    c.batch = 1;
-    c.nheads = 32;
-    c.dstate = 64;
-    c.chunk_size = t.q;
-    c.seqlen = t.seqlen;
-    c.has_z = t.seq_z;
-    if (t.seq_z) c.seq_starts = {{1000, 1001, 2500}};
-    c.kernel_config = {0, 0, 0, 12, 2};
-    c.seed = ++seed;
-    check_problem(c, "fused-three-per-sm");
-  }
-  // The other variants at dstate <= 128 in chunks of 128 (the cases above at dstate 128 of up to
-  // one CTA per SM run two warpgroups per CTA): two warpgroups at dstate 96 (the second one's last 32 columns
-  // past dstate) with seq_idx and z in 3 segments; one warpgroup, two CTAs per SM, at dstate 64
-  // and 128 (1 row x 32 heads x 5 segments: 160 CTAs).
+  // fused_walk's variants, each case asserting that it still selects its variant on this GPU:
+  // three CTAs per SM at dstate 64 (1 row x 32 heads in 12 segments: 384 CTAs), bf16 with seq_idx
+  // and z, and fp16 in chunks of 64; two warpgroups at dstate 96 (the second one's last 32
+  // columns past dstate) with seq_idx and z in 3 segments (the cases above at dstate 128 of up to
+  // one CTA per SM run it too); one warpgroup, two CTAs per SM, at dstate 64 and 128 (1 row x 32
+  // heads x 5 segments: 160 CTAs).
+  using V = kernels::FusedWalkVariant;
   struct Variant {
-    int64_t batch, heads, n, seqlen;
-    int segments, nseg;
-    kernels::FusedWalkVariant variant;
+    DType dtype;
+    int64_t batch, heads, n, q, seqlen;
+    int segments;
+    std::vector<std::vector<int64_t>> seq_starts;  // with z where given
+    V variant;
   };
-  for (const Variant& v : {Variant{2, 4, 96, 1500, 3, 3, kernels::FusedWalkVariant::kTwoWarpgroups},
-                           Variant{1, 32, 64, 2560 - 9, 5, 5, kernels::FusedWalkVariant::kOneWarpgroup},
-                           Variant{1, 32, 128, 2560 - 9, 5, 5, kernels::FusedWalkVariant::kOneWarpgroup}}) {
-    ASSERT_EQ(detail::fused_walk_variant(v.n, 128, v.batch * v.heads * v.nseg, sms), v.variant)
-        << "dstate " << v.n << " on " << sms << " SMs: the case no longer runs the variant it tests";
+  const DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  for (const Variant& v : {Variant{bf16, 1, 32, 64, 128, 3072 - 7, 12, {{1000, 1001, 2500}}, V::kThreePerSm},
+                           Variant{fp16, 1, 32, 64, 64, 3072, 12, {}, V::kThreePerSm},
+                           Variant{bf16, 2, 4, 96, 128, 1500, 3, {{700, 701}, {20}}, V::kTwoWarpgroups},
+                           Variant{bf16, 1, 32, 64, 128, 2560 - 9, 5, {}, V::kOneWarpgroup},
+                           Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {}, V::kOneWarpgroup}}) {
+    // (the segments the shape reduces the count to: the fewest of the same length)
+    const int64_t chunks = (v.seqlen + v.q - 1) / v.q, seg_chunks = (chunks + v.segments - 1) / v.segments;
+    const int64_t nseg = (chunks + seg_chunks - 1) / seg_chunks;
+    ASSERT_EQ(detail::fused_walk_variant(v.n, v.q, v.batch * v.heads * nseg, sms), v.variant)
+        << "dstate " << v.n << ", " << nseg << " segments on " << sms
+        << " SMs: the case no longer runs the variant it tests";
     ProblemConfig c = base_config();
+    c.dtype = v.dtype;
     c.batch = v.batch;
     c.nheads = v.heads;
     c.dstate = v.n;
+    c.chunk_size = v.q;
     c.seqlen = v.seqlen;
-    c.has_z = v.n == 96;
-    if (v.n == 96) c.seq_starts = {{700, 701}, {20}};
+    c.has_z = !v.seq_starts.empty();
+    c.seq_starts = v.seq_starts;
     c.kernel_config = {0, 0, 0, v.segments, 2};
     c.seed = ++seed;
     check_problem(c, "fused-variants");
