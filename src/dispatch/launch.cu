@@ -352,17 +352,21 @@ void launch_prefix(const ForwardParams& p, const ProblemShape& s, const Workspac
                                     s.dstate, ws + w.c16, stream);
   }
   if (varlen) kernels::launch_chunk_offsets(k, stream);
-  kernels::launch_chunk_cumsum(k, stream);
+  if (!k.sums_cumsum) kernels::launch_chunk_cumsum(k, stream);
 }
 
 // fused_walk's parameters: its segment sums in 64-column tiles, no progress counters (nothing
-// runs alongside), and chunk states stored only for the caller or for varlen_states.
+// runs alongside), chunk states stored only for the caller or for varlen_states, and
+// chunk_cumsum's work done by the segment sums where their segments are short.
 kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, const WorkspacePlan& w) {
   kernels::PassStateConfig c;
   c.dstate_tile = 64;
   c.segments = segments;
   k = with_pass_state(k, c, w);
   k.ready = nullptr;
+  // MAMBA2_SSD_SUMS_CUMSUM=0: chunk_cumsum runs first whatever the segments (for measuring).
+  const char* e = std::getenv("MAMBA2_SSD_SUMS_CUMSUM");
+  k.sums_cumsum = detail::sums_take_cumsum(k.nseg, k.seg_chunks) && (e == nullptr || std::string(e) != "0");
   const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
   if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;
   return k;

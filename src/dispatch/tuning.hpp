@@ -111,6 +111,14 @@ inline int segment_sums_tile(int64_t headdim, int64_t dstate, int64_t chunk, int
   return ctas64 > 3 * static_cast<int64_t>(sm_count) ? 128 : 64;
 }
 
+// Whether fused_walk's segment sums compute chunk_cumsum's outputs themselves, each sum CTA for its
+// segment's chunks before its walk (SsdParams::sums_cumsum), so that the call has one kernel
+// fewer on its chain: segments of up to kSumsCumsumMaxChunks chunks (design log v21: anchor at 1K
+// tokens 3-7% faster; segments of 8-12 chunks were slower than chunk_cumsum, by up to 5%).
+inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
+  return nseg > 1 && seg_chunks <= kernels::kSumsCumsumMaxChunks;
+}
+
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
 // shapes, 2026-11-29 v6 run; compute_out's heads per CTA re-checked after its TMA loads,
 // 2026-11-30) where they differ by more than a few percent.

@@ -68,6 +68,11 @@ struct SsdParams {
   // (seg_chunks >= every walk's chunk count; nchunks, the varlen layout's bound on all chunks, is).
   int32_t nseg, seg_chunks;
   float* seg_sums; float* seg_carry;
+  // The segment sums compute cum, dtp, wst and carry (chunk_decay.cuh) of their own chunks and,
+  // shared among them, of the last segment's, and store them for fused_walk, instead of
+  // chunk_cumsum computing them first (segments of at most kSumsCumsumMaxChunks chunks). Requires
+  // ready == nullptr (chunk_cumsum zeroes it).
+  bool sums_cumsum;
 
   // ---- outputs
   void* out; DType io_dtype; int64_t out_sb, out_st, out_sh;

@@ -11,4 +11,10 @@ namespace mamba2_ssd::kernels {
 // second warpgroup's columns are past dstate: zeros).
 enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups };
 
+// The longest segments whose sums also compute chunk_cumsum's outputs (SsdParams::sums_cumsum):
+// each of a sum CTA's four warps computes one of its chunks and at most one of the last
+// segment's, before its walk. (Two or three chunks per warp made the sums longer than
+// chunk_cumsum: design log v21.)
+constexpr int kSumsCumsumMaxChunks = 4;
+
 }  // namespace mamba2_ssd::kernels

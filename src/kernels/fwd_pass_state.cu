@@ -17,6 +17,7 @@
 // With walk segments (SsdParams::nseg > 1) two launches: the kernel's sum-only instantiation
 // sums each segment (every one but the last), then the walks, each segment starting from the
 // state the earlier segments' sums give. Few walks make the chain the cost; segments shorten it.
+#include "kernels/chunk_decay.cuh"
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
 #include "kernels/tensor_map.hpp"
@@ -70,9 +71,19 @@ struct PassTiles {
 // drain; every 8 instead of 4 made long calls 2-4% faster on the H200).
 __device__ __forceinline__ int publish_mask(int64_t nchunks) { return nchunks >= 32 ? 7 : 3; }
 
+// The segment sums' share of chunk_cumsum (SsdParams::sums_cumsum), after the mbarriers: 64 bytes
+// for them, the chunks' carries (kSumsCumsumMaxChunks floats), then their KS state weights each.
+constexpr int kSumsCumsumOffset = 64;
+template <int KS>
+constexpr int sums_cumsum_bytes(int chunks) {
+  return kSumsCumsumOffset + kSumsCumsumMaxChunks * 4 + chunks * KS * 4;
+}
+
 // kSumsOnly: the segment-sum launch (SsdParams::nseg): CTA (walk, segment k < nseg - 1) walks
 // its segment from a zero state (segment 0: from the initial state) without storing chunk
-// states, then writes the sum and the product of the segment's carries. Otherwise the walking
+// states, then writes the sum and the product of the segment's carries. With
+// SsdParams::sums_cumsum it first does chunk_cumsum's work for its chunks and a share of the last
+// segment's (while its first tiles load). Otherwise the walking
 // launch: segment k starts from the state entering it, combined from the earlier segments' sums.
 // (A template parameter: the walk's chain loop carries none of the sums' code; with it as a
 // run-time flag the walk was 4% slower on the H200.)
@@ -93,6 +104,8 @@ __global__ void __launch_bounds__(st::kThreads)
   const int p0 = (blockIdx.x / n_tiles) * st::kP;
   const int n0 = (blockIdx.x % n_tiles) * NT;
   const int64_t h = blockIdx.y;
+  // (chunk_cumsum's work in the sums: a known false in the walking launch)
+  const bool sums_cumsum = sums_only && p.sums_cumsum;
   const int nseg_grid = sums_only ? p.nseg - 1 : p.nseg;
   const int seg = static_cast<int>(blockIdx.z % nseg_grid);
   const Walk walk = make_walk(p, blockIdx.z / nseg_grid);
@@ -109,6 +122,37 @@ __global__ void __launch_bounds__(st::kThreads)
   // Chunks are counted from c_begin in 32 bits (a walk has fewer than 2^31 chunks).
   const int n_local = static_cast<int>(c_end - c_begin);
   const int pmask = publish_mask(n_local);
+  // chunk_cumsum's work (sums_cumsum): this segment's chunks (their weights and carries to shared
+  // memory; tile 0's CTA also stores all four arrays to the workspace for fused_walk), and a share
+  // of the last segment's, which has no sum CTAs (to the workspace only: chunks r, r + R, ... of
+  // it for CTA r of the R = (nseg - 1) x tiles summing the walk's head). Warp i % 4 does item i of
+  // the CTA; every warp issues its dt loads here, before thread 0 issues the first tiles, and
+  // computes its items after that. (The items' branches are warp-uniform: the warp scan is safe.)
+  constexpr int kPerLane = KS / 32, kItemsPerWarp = 2 * kSumsCumsumMaxChunks / 4;  // (own + last segment's)
+  float* s_carry = reinterpret_cast<float*>(smem + kStages * Tl::kStageBytes + kSumsCumsumOffset);
+  float* s_w = s_carry + kSumsCumsumMaxChunks;
+  const int warp = tid / 32, lane = tid % 32;
+  [[maybe_unused]] float fold_dt[kItemsPerWarp][kPerLane];
+  HeadDecay hd{};
+  int n_items = 0, item_r = 0, item_step = 1;
+  const int64_t last_begin = static_cast<int64_t>(p.nseg - 1) * p.seg_chunks;
+  auto item_chunk = [&](int i) -> int64_t {  // (within the walk)
+    return i < n_local ? c_begin + i : last_begin + item_r + static_cast<int64_t>(i - n_local) * item_step;
+  };
+  if (sums_cumsum) {
+    const int n_last = static_cast<int>(max(walk.nchunks - last_begin, int64_t{0}));
+    item_r = seg * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+    item_step = (p.nseg - 1) * static_cast<int>(gridDim.x);
+    n_items = n_local + (item_r < n_last ? (n_last - item_r + item_step - 1) / item_step : 0);
+    hd = head_decay(p, static_cast<int>(h));
+#pragma unroll
+    for (int i = 0; i < kItemsPerWarp; ++i) {
+      const int item = warp + 4 * i;
+      if (item < n_items) {
+        load_chunk_dt(p, walk_chunk(p, walk, item_chunk(item)), static_cast<int>(h), hd.bias, lane, fold_dt[i]);
+      }
+    }
+  }
   // Segment sums and carry products: [walk][head][segment][tile] blocks, fragment order.
   constexpr int kAccVals = st::kP * NT / st::kThreads;
   const int64_t sum_base = (walk.walk * p.nheads + h) * (p.nseg - 1);
@@ -179,13 +223,13 @@ __global__ void __launch_bounds__(st::kThreads)
         char* stage = smem + stage_idx * Tl::kStageBytes;
         uint64_t* bar = bars + stage_idx;
         const int tok = static_cast<int>(ci.tok0 + t0);  // token of the step in the row
-        tma::mbar_arrive_expect(bar, Tl::kLoadBytes);
+        tma::mbar_arrive_expect(bar, sums_cumsum ? Tl::kLoadBytes - KS * 4 : Tl::kLoadBytes);
         tma::load_4d(&maps.x, bar, stage, p32, tok, h32, row32);
         tma::load_4d(&maps.B, bar, stage + Tl::kXBytes, n32, tok, g32, row32);
         if constexpr (NT == 128) {
           tma::load_4d(&maps.B, bar, stage + Tl::kXBytes + Tl::kBBytes / 2, n32 + 64, tok, g32, row32);
         }
-        tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
+        if (!sums_cumsum) tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
       }
       if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
     }
@@ -193,6 +237,22 @@ __global__ void __launch_bounds__(st::kThreads)
 
 #pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) issue_next(s);
+  if (sums_cumsum) {
+#pragma unroll
+    for (int i = 0; i < kItemsPerWarp; ++i) {
+      const int item = warp + 4 * i;
+      if (item < n_items) {
+        const int64_t c = item_chunk(item);
+        const ChunkDecay<kPerLane> d = chunk_decay(p, walk_chunk(p, walk, c), hd.a, lane, fold_dt[i]);
+        if (item < n_local) {
+          store_slots(s_w + item * KS + lane * kPerLane, d.wst);
+          if (lane == 0) s_carry[item] = d.carry;
+        }
+        if (item >= n_local || blockIdx.x == 0) store_chunk_decay(p, d, walk.row, static_cast<int>(h), walk.g0 + c, lane);
+      }
+    }
+    __syncthreads();
+  }
 
   int stage = 0;
   uint32_t parity = 0;  // bit s: the phase of stage s to wait for
@@ -201,8 +261,7 @@ __global__ void __launch_bounds__(st::kThreads)
   // The chunks' carries, 32 at a time: lane i holds the carry of chunk c0 + i of the current
   // block of 32 and of the next block (loaded a block ahead; a value loaded a single chunk ahead
   // was moved into a uniform register right after its load, which waited for it on the chain).
-  const int lane = tid % 32;
-  const float* carry_seg = carry_walk + c_begin;
+  const float* carry_seg = sums_cumsum ? s_carry : carry_walk + c_begin;
   float carry_block = lane < n_local ? carry_seg[lane] : 0.0f;
   float carry_block_next = 32 + lane < n_local ? carry_seg[32 + lane] : 0.0f;
   [[maybe_unused]] float carry_product = 1.0f;  // of the segment's chunks (sums_only)
@@ -231,7 +290,7 @@ __global__ void __launch_bounds__(st::kThreads)
       // X^T or B times w per token (w is 0 on padding and on tokens of an earlier sequence).
       Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp)), typename Tl::LayoutX{});
       Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(sp + Tl::kXBytes)), typename Tl::LayoutB{});
-      const float* sw = reinterpret_cast<const float*>(sp + Tl::kWOffset);
+      const float* sw = sums_cumsum ? s_w + c_rel * KS : reinterpret_cast<const float*>(sp + Tl::kWOffset);
       if constexpr (Tl::kWeightX) {
         copy(x_copy, thr_x_copy.partition_S(sX), xw_dst);
 #pragma unroll
@@ -325,13 +384,15 @@ CtaFootprint footprint_typed() {
 
 // One kernel instantiation with its dynamic shared memory limit raised (once per instantiation;
 // cudaFuncSetAttribute is not a stream operation).
+// (The sums: with room for chunk_cumsum's work.)
 template <class T, int NT, int KS, int kStages, bool kSumsOnly>
 auto prepared_kernel() {
   auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly>;
   static bool attr_set = false;
   if (!attr_set) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    pass_smem_bytes<T, NT, KS, kStages>()),
+                                    pass_smem_bytes<T, NT, KS, kStages>() +
+                                        (kSumsOnly ? sums_cumsum_bytes<KS>(kSumsCumsumMaxChunks) : 0)),
                "cudaFuncSetAttribute(fwd_pass_state)");
     attr_set = true;
   }
@@ -365,9 +426,21 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
     // Segment sums first (every segment but the last; always the shallow ring, which keeps the
     // instantiations few), then the walks.
     constexpr int kSumStages = KS == 64 ? 3 : 2;
+    // Three 64-column CTAs per SM, with chunk_cumsum's work in the longest segments that take it.
+    static_assert(3 * (pass_smem_bytes<T, 64, 128, 2>() + sums_cumsum_bytes<128>(kSumsCumsumMaxChunks) + 1024) <=
+                  228 * 1024);
     auto sums = prepared_kernel<T, NT, KS, kSumStages, true>();
+    int smem = pass_smem_bytes<T, NT, KS, kSumStages>();
+    if (p.sums_cumsum) {
+      if (p.chunk != KS || p.seg_chunks > kSumsCumsumMaxChunks || p.ready != nullptr) {
+        throw_launch_error("fwd_pass_state: chunk_cumsum's work in the segment sums takes chunks of 64 or 128, at most " +
+                           std::to_string(kSumsCumsumMaxChunks) + " per segment and no progress counters, got chunk " +
+                           std::to_string(p.chunk) + ", " + std::to_string(p.seg_chunks) + " per segment");
+      }
+      smem += sums_cumsum_bytes<KS>(p.seg_chunks);
+    }
     dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1)));
-    sums<<<grid_sums, st::kThreads, pass_smem_bytes<T, NT, KS, kSumStages>(), stream>>>(p, maps);
+    sums<<<grid_sums, st::kThreads, smem, stream>>>(p, maps);
     check_cuda(cudaGetLastError(), "launch fwd_pass_state (segment sums)");
   }
   if constexpr (NT == 128) {
@@ -459,6 +532,9 @@ void launch_checked(const SsdParams& p, const PassStateConfig& cfg, bool sums_on
 void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaStream_t stream) {
   if (cfg.dstate_tile != 32 && cfg.dstate_tile != 64) {
     throw_launch_error("fwd_pass_state: dstate tile 32 or 64, got " + std::to_string(cfg.dstate_tile));
+  }
+  if (p.sums_cumsum) {
+    throw_launch_error("fwd_pass_state: its walks read chunk_cumsum's outputs; SsdParams::sums_cumsum is for fused_walk");
   }
   launch_checked(p, cfg, false, stream);
 }

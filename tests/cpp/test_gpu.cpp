@@ -498,6 +498,74 @@ TEST(Gpu, FusedWalk) {
   }
 }
 
+// chunk_cumsum's work in fused_walk's segment sums (SsdParams::sums_cumsum, segments of up to
+// kSumsCumsumMaxChunks chunks; each case asserts whether its shape takes it): segments of 1, 2 and
+// 4 chunks (the most: in 2 segments of one tile, the one sum CTA also does the last segment's 4)
+// and 5 (chunk_cumsum first), chunks of 64 and 128, seq_idx
+// starts on and inside the segments' chunks, fp32 and fp16 dt with bias, softplus and limits,
+// dstate 512 (clusters), the varlen layout (a long sequence and an empty one), and one shape again
+// with MAMBA2_SSD_SUMS_CUMSUM=0.
+TEST(Gpu, SumsComputeCumsum) {
+  SKIP_WITHOUT_GPU();
+  int seed = 1700;
+  struct Case {
+    int64_t q, n, seqlen;
+    int segments;
+    bool with_seq, dt_options, takes;
+  };
+  const DType fp16 = DType::kFloat16;
+  for (const Case& k : {Case{128, 128, 1024, 4, true, false, true}, Case{64, 64, 512 - 3, 2, true, true, true},
+                        Case{128, 64, 8 * 128 - 5, 2, false, true, true},
+                        Case{128, 128, 2 * 5 * 128, 2, true, false, false}, Case{128, 512, 1024, 2, true, true, true},
+                        Case{64, 96, 700, 11, false, false, true}}) {
+    const int64_t chunks = (k.seqlen + k.q - 1) / k.q, seg_chunks = (chunks + k.segments - 1) / k.segments;
+    const int nseg = static_cast<int>((chunks + seg_chunks - 1) / seg_chunks);
+    ASSERT_EQ(detail::sums_take_cumsum(nseg, seg_chunks), k.takes)
+        << nseg << " segments of " << seg_chunks << " chunks: the case no longer tests what it says";
+    ProblemConfig c = base_config();
+    c.chunk_size = k.q;
+    c.dstate = k.n;
+    c.seqlen = k.seqlen;
+    c.has_z = k.with_seq;
+    if (k.with_seq) c.seq_starts = {{k.q, k.q + 1, 2 * k.q + 17}, {k.seqlen - 2}};
+    if (k.dt_options) {
+      c.dtype = k.q == 64 ? fp16 : DType::kBFloat16;
+      c.dt_dtype = k.q == 64 ? fp16 : DType::kFloat32;
+      c.has_dt_bias = true;
+      c.dt_softplus = true;
+      c.dt_min = 0.02f;
+      c.dt_max = 1.5f;
+    }
+    c.kernel_config = {0, 0, 0, k.segments, 2};
+    c.seed = ++seed;
+    check_problem(c, "sums-cumsum");
+    if (k.q == 128 && k.n == 128 && k.takes) {
+      ::setenv("MAMBA2_SSD_SUMS_CUMSUM", "0", 1);
+      c.seed = ++seed;
+      check_problem(c, "sums-cumsum-off");
+      ::unsetenv("MAMBA2_SSD_SUMS_CUMSUM");
+    }
+  }
+  ProblemConfig v = base_config();
+  v.layout = Layout::kVarlen;
+  v.chunk_size = 64;
+  // (16 chunks at most: 4 segments of 4; the first sequence's 15 chunks reach the last one)
+  v.seqlens = {900, 0};
+  v.want_chunk_states = true;
+  v.has_z = true;
+  v.kernel_config = {0, 0, 0, 4, 2};
+  {
+    const ProblemShape sh = shape_of(v);
+    const int64_t chunks = sh.nchunks, seg_chunks = (chunks + 3) / 4;
+    ASSERT_GE(detail::max_walk_segments(sh, true), 4);
+    ASSERT_TRUE(detail::sums_take_cumsum(static_cast<int>((chunks + seg_chunks - 1) / seg_chunks), seg_chunks))
+        << "varlen: " << chunks << " chunks in 4 segments";
+    ASSERT_GT((900 + 63) / 64, 3 * seg_chunks) << "the last segment is empty";
+  }
+  v.seed = ++seed;
+  check_problem(v, "sums-cumsum-varlen");
+}
+
 // Chunks of 256 run as two of 128 (kernel_chunk_size; TuningHeuristic.KernelChunkSize pins
 // which calls split): sequence starts on and next to the 128-token boundaries inside a 256-token
 // chunk, both kernel paths (fused_walk for dstate 64/128, the two kernels for any dstate), fp16,

@@ -268,6 +268,15 @@ TEST(TuningHeuristic, FusedWalkVariant) {
   EXPECT_EQ(fused_walk_variant(256, 128, 128, 132), V::kOneWarpgroup);  // (dstate 256: its own kernel)
 }
 
+TEST(TuningHeuristic, SumsTakeCumsum) {
+  using detail::sums_take_cumsum;
+  EXPECT_TRUE(sums_take_cumsum(4, 2));    // anchor 1K: 4 segments of 2 chunks
+  EXPECT_TRUE(sums_take_cumsum(2, 4));    // the longest segments that take it
+  EXPECT_FALSE(sums_take_cumsum(2, 5));
+  EXPECT_FALSE(sums_take_cumsum(1, 8));   // no segments: no sums
+  EXPECT_FALSE(sums_take_cumsum(8, 64));  // anchor 64K
+}
+
 TEST(TuningHeuristic, FusedWalkApplies) {
   auto shape = [](int64_t p, int64_t n, int64_t q) {
     ProblemShape s;
