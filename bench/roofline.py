@@ -209,7 +209,9 @@ TRITON_KERNEL_KEYS = [
 OURS_KERNEL_KEYS = [
     ("chunk_cumsum", "chunk_cumsum"),
     ("fused_walk", "fused_walk"),
-    ("true>(", "segment_sums"),  # fwd_pass_state_kernel<..., kSumsOnly = true>
+    # fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly, kCumsum>: the sum-only instantiations
+    (", true, false>(", "segment_sums"),
+    (", true, true>(", "segment_sums"),
     ("fwd_pass_state", "fwd_pass_state"),
     ("compute_out", "compute_out"),
     ("chunk_offsets", "chunk_offsets"),

@@ -81,16 +81,18 @@ constexpr int sums_cumsum_bytes(int chunks) {
 
 // kSumsOnly: the segment-sum launch (SsdParams::nseg): CTA (walk, segment k < nseg - 1) walks
 // its segment from a zero state (segment 0: from the initial state) without storing chunk
-// states, then writes the sum and the product of the segment's carries. With
-// SsdParams::sums_cumsum it first does chunk_cumsum's work for its chunks and a share of the last
+// states, then writes the sum and the product of the segment's carries; kCumsum (the sums of
+// SsdParams::sums_cumsum) first does chunk_cumsum's work for its chunks and a share of the last
 // segment's (while its first tiles load). Otherwise the walking
 // launch: segment k starts from the state entering it, combined from the earlier segments' sums.
-// (A template parameter: the walk's chain loop carries none of the sums' code; with it as a
-// run-time flag the walk was 4% slower on the H200.)
-template <class T, int NT, int KS, int kStages, bool kSumsOnly>
+// (Template parameters: the walk's chain loop carries none of the sums' code; with it as a
+// run-time flag the walk was 4% slower on the H200. With chunk_cumsum's work behind a run-time
+// flag, the sums without it made calls up to 6% slower: anchor dstate 256 at 4K, 71 -> 76 us.)
+template <class T, int NT, int KS, int kStages, bool kSumsOnly, bool kCumsum = false>
 __global__ void __launch_bounds__(st::kThreads)
     fwd_pass_state_kernel(const SsdParams p, const __grid_constant__ PassMaps maps) {
   constexpr bool sums_only = kSumsOnly;
+  static_assert(sums_only || !kCumsum, "chunk_cumsum's work is the sums'");
   using Tl = PassTiles<T, NT, KS>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by an offset from smem_raw, so that the compiler still sees shared
@@ -104,8 +106,7 @@ __global__ void __launch_bounds__(st::kThreads)
   const int p0 = (blockIdx.x / n_tiles) * st::kP;
   const int n0 = (blockIdx.x % n_tiles) * NT;
   const int64_t h = blockIdx.y;
-  // (chunk_cumsum's work in the sums: a known false in the walking launch)
-  const bool sums_cumsum = sums_only && p.sums_cumsum;
+  constexpr bool sums_cumsum = kCumsum;
   const int nseg_grid = sums_only ? p.nseg - 1 : p.nseg;
   const int seg = static_cast<int>(blockIdx.z % nseg_grid);
   const Walk walk = make_walk(p, blockIdx.z / nseg_grid);
@@ -384,15 +385,14 @@ CtaFootprint footprint_typed() {
 
 // One kernel instantiation with its dynamic shared memory limit raised (once per instantiation;
 // cudaFuncSetAttribute is not a stream operation).
-// (The sums: with room for chunk_cumsum's work.)
-template <class T, int NT, int KS, int kStages, bool kSumsOnly>
+template <class T, int NT, int KS, int kStages, bool kSumsOnly, bool kCumsum = false>
 auto prepared_kernel() {
-  auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly>;
+  auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly, kCumsum>;
   static bool attr_set = false;
   if (!attr_set) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     pass_smem_bytes<T, NT, KS, kStages>() +
-                                        (kSumsOnly ? sums_cumsum_bytes<KS>(kSumsCumsumMaxChunks) : 0)),
+                                        (kCumsum ? sums_cumsum_bytes<KS>(kSumsCumsumMaxChunks) : 0)),
                "cudaFuncSetAttribute(fwd_pass_state)");
     attr_set = true;
   }
@@ -432,11 +432,14 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
     auto sums = prepared_kernel<T, NT, KS, kSumStages, true>();
     int smem = pass_smem_bytes<T, NT, KS, kSumStages>();
     if (p.sums_cumsum) {
-      if (p.chunk != KS || p.seg_chunks > kSumsCumsumMaxChunks || p.ready != nullptr) {
-        throw_launch_error("fwd_pass_state: chunk_cumsum's work in the segment sums takes chunks of 64 or 128, at most " +
-                           std::to_string(kSumsCumsumMaxChunks) + " per segment and no progress counters, got chunk " +
+      // (fused_walk's sums only: 64- and 128-column tiles)
+      if (NT == 32 || p.chunk != KS || p.seg_chunks > kSumsCumsumMaxChunks || p.ready != nullptr) {
+        throw_launch_error("fwd_pass_state: chunk_cumsum's work in the segment sums takes dstate tiles of 64 or 128, "
+                           "chunks of 64 or 128, at most " + std::to_string(kSumsCumsumMaxChunks) +
+                           " per segment and no progress counters, got tile " + std::to_string(NT) + ", chunk " +
                            std::to_string(p.chunk) + ", " + std::to_string(p.seg_chunks) + " per segment");
       }
+      if constexpr (NT != 32) sums = prepared_kernel<T, NT, KS, kSumStages, true, true>();
       smem += sums_cumsum_bytes<KS>(p.seg_chunks);
     }
     dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1)));
