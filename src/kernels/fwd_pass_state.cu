@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(st::kThreads)
   auto item_chunk = [&](int i) -> int64_t {  // (within the walk)
     return i < n_local ? c_begin + i : last_begin + item_r + static_cast<int64_t>(i - n_local) * item_step;
   };
-  if (sums_cumsum) {
+  if constexpr (sums_cumsum) {
     const int n_last = static_cast<int>(max(walk.nchunks - last_begin, int64_t{0}));
     item_r = seg * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
     item_step = (p.nseg - 1) * static_cast<int>(gridDim.x);
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(st::kThreads)
         if constexpr (NT == 128) {
           tma::load_4d(&maps.B, bar, stage + Tl::kXBytes + Tl::kBBytes / 2, n32 + 64, tok, g32, row32);
         }
-        if (!sums_cumsum) tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
+        if constexpr (!sums_cumsum) tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
       }
       if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
     }
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(st::kThreads)
 
 #pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) issue_next(s);
-  if (sums_cumsum) {
+  if constexpr (sums_cumsum) {
 #pragma unroll
     for (int i = 0; i < kItemsPerWarp; ++i) {
       const int item = warp + 4 * i;
