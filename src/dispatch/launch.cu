@@ -67,8 +67,10 @@ WorkspacePlan plan_workspace(const ForwardParams& p, const ProblemShape& s, bool
   const std::size_t walk_heads = static_cast<std::size_t>(walks) * s.nheads;
   w.ready = off; off = align_up(off + walk_heads * w.max_segments * max_tiles * sizeof(int32_t));
   if (w.max_segments > 1) {
+    // (in 64 x 64 tiles, or 64 x 32: headdim and dstate rounded up to 64)
     const std::size_t sums = walk_heads * (w.max_segments - 1);
-    w.seg_sums = off; off = align_up(off + sums * s.headdim * s.dstate * sizeof(float));
+    const std::size_t tile_area = static_cast<std::size_t>((s.headdim + 63) / 64 * 64) * ((s.dstate + 63) / 64 * 64);
+    w.seg_sums = off; off = align_up(off + sums * tile_area * sizeof(float));
     w.seg_carry = off; off = align_up(off + sums * sizeof(float));
   }
   if (!p.chunk_states.present() && chunk_state_region) {
