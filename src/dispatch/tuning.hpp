@@ -192,14 +192,15 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   return c;
 }
 
-// fwd_pass_state's walk segments: at most 16, and half the walks' mean chunk count (the sums
-// take fp32 states per walk and segment: at most what the 16-bit chunk states take). Segments of
-// two chunks pay for short walks in fused_walk (anchor dstate 64 / 128 at 1K tokens: 4 segments,
-// 27-30% faster than 2). In the varlen layout s.nchunks bounds the chunks of all s.nseq sequences
-// together.
+// fwd_pass_state's walk segments: at most 16, and at most the walks' mean chunk count (segments
+// of one chunk; the fp32 sums they take per walk and segment are then at most twice what the
+// 16-bit chunk states take, which fused_walk does not store). Short segments pay for short walks
+// in fused_walk: anchor dstate 64 / 128 at 1K tokens, 4 segments 27-30% faster than 2; dstate 64
+// in 8 segments of one chunk 18.9 -> 17.9 us against 4 (H200, 2026-11-30 v22). In the varlen
+// layout s.nchunks bounds the chunks of all s.nseq sequences together.
 inline int max_walk_segments(const ProblemShape& s, bool varlen) {
   const int64_t mean_chunks = varlen ? s.nchunks / std::max<int64_t>(s.nseq, 1) : s.nchunks;
-  return static_cast<int>(std::clamp<int64_t>(mean_chunks / 2, 1, 16));
+  return static_cast<int>(std::clamp<int64_t>(mean_chunks, 1, 16));
 }
 
 // MAMBA2_SSD_AUTOTUNE=1: forward() tunes a shape class it has no cache entry for (1 s budget).

@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
     };
 #pragma unroll
     for (int v = 0; v < F::kAccVals; ++v) hacc(v) = sum_at(0, v);
-#pragma unroll 1
+#pragma unroll(kWG == 1 ? 2 : 1)
     for (int k = 1; k < seg; ++k) {
       const float f = p.seg_carry[base + k];
 #pragma unroll
