@@ -1,6 +1,6 @@
 // The output side of a chunk, shared by compute_out and fused_walk: the shared-memory tile
 // layouts and wgmma shapes of C H^T, C B^T and S X for 64-token blocks, and the epilogue
-// out = (acc + D x) * silu(z) with coalesced stores.
+// out = (acc + D x) * silu(z) with coalesced stores, or by TMA stores of whole blocks (fused_walk).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -10,6 +10,7 @@
 #include "kernels/common.cuh"
 #include "kernels/state_tile.cuh"
 #include "kernels/tensor_map.hpp"
+#include "kernels/tma.cuh"
 
 namespace mamba2_ssd::kernels::chunk_out {
 
@@ -290,6 +291,68 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
         }
       }
     }
+  }
+}
+
+// Four 8 x 8 matrices of 16-bit values between shared memory and the mma fragment layout (thread
+// L: row L / 4, columns 2 (L % 4) and + 1 of each); lanes 8 j .. 8 j + 7 give the row addresses
+// of matrix j.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// The epilogue of one 64-token block by TMA store, where out is 16-bit, without z, and the
+// block's rows are all the caller's to write (rows past the tensor's end are not written):
+// out = acc + D x in registers (x read from the X tile in the accumulator's fragment layout),
+// rounded into `stage` (64 x 64, the X tile's swizzled layout, 1024-byte aligned) and stored by
+// each warp's lane 0 as its 16 rows. No shared-memory round trip of the fp32 values and no
+// per-row stores; the caller waits for the stores' reads (tma::bulk_wait_all) before `stage` is
+// written again, and for their writes before the CTA exits.
+template <class T, int kWarpgroups, class AccFrag>
+__device__ __forceinline__ void epilogue_tma_store(AccFrag& acc, char* stage, const char* x_tile, const float* s_d,
+                                                   bool has_d, const CUtensorMap* out_map, int tok, int h, int row) {
+  const int lane = threadIdx.x % 32;
+  const int warp = kWarpgroups == 1 ? threadIdx.x / 32 : (threadIdx.x / 32) % 4;  // (within the warpgroup)
+  // Matrix j = lane / 8 of each x4: rows 8 (j & 1) + lane % 8 of the warp's 16, 8-column group
+  // 2 i + (j >> 1): registers r0..r3 hold the values v = 8 i + 0/1, 8 i + 2/3, 8 i + 4/5, 8 i + 6/7.
+  const int t = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7);
+  const uint32_t x_row = tma::smem_addr(x_tile) + t * 128, s_row = tma::smem_addr(stage) + t * 128;
+  const int cg_hi = lane >> 4, sw = lane & 7;
+  warpgroup_fence_operand(acc);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t chunk = static_cast<uint32_t>(((2 * i + cg_hi) ^ sw) << 4);
+    uint32_t xr[4];
+    ldmatrix_x4(x_row + chunk, xr);
+    uint32_t o[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int v = 8 * i + 2 * r;  // (r: 0/1 block 2 i, rows a/b; 2/3 block 2 i + 1)
+      const int col = 8 * (2 * i + (r >> 1)) + 2 * (lane % 4);
+      float y0 = acc(v), y1 = acc(v + 1);
+      if (has_d) {
+        const float2 d = *reinterpret_cast<const float2*>(s_d + col);
+        const float2 x = to_float2(xr[r], T{});
+        y0 = fmaf(d.x, x.x, y0);
+        y1 = fmaf(d.y, x.y, y1);
+      }
+      const T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
+      o[r] = *reinterpret_cast<const uint32_t*>(pair);
+    }
+    stmatrix_x4(s_row + chunk, o);
+  }
+  fence_async_shared();
+  __syncwarp();
+  if (lane == 0) {
+    tma::store_4d(out_map, stage + warp * 16 * 128, 0, tok + 16 * warp, h, row);
+    tma::bulk_commit();
   }
 }
 

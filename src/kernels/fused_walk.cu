@@ -11,7 +11,7 @@
 //     acc += S_mj X_j  for j <= m,  S_mj = C_m B_j^T * exp2(cum_t - e_s), masked,
 //            e_s = cum_s - log2(dt'_s) (per chunk, in place of dt': the decay and dt' in one
 //            exponential; s <= t gives cum_t <= cum_s, 0 <= s < 64 on the diagonal block)
-//     out_m = (acc + D x) * silu(z)                       (chunk_out::epilogue_heads)
+//     out_m = (acc + D x) * silu(z)        (chunk_out::epilogue_tma_store or epilogue_heads)
 //     H   += (X_m * w)^T B_m                              (x scaled per token in registers)
 // That is compute_out's output and fwd_pass_state's update for one head (see there for the
 // mask and the weights), without the chunk states' round trip through global memory (one store
@@ -119,7 +119,8 @@ static_assert(3 * (fused_smem_bytes<cutlass::bfloat16_t, 1, 1, 3, 1>(128) + 1024
 // kRanks: the CTAs (of one cluster) per head walk, 1 or 2 (NK = 4 only).
 template <class T, int NK, int kRanks, int kCtas, int kWGs>
 __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
-    fused_walk_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps) {
+    fused_walk_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps,
+                      const __grid_constant__ CUtensorMap out_map, const bool out_tma) {
   using F = Fused<T, NK, kWGs>;
   using Tr = typename F::Tr;
   extern __shared__ __align__(1024) char smem_raw[];
@@ -499,8 +500,10 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       update_mma(buf, m_up);
 
       // ---- out_m (x for D x from X_m in the buffer; the staging in C_m's tile, now unused:
-      // every wgmma that read it has completed, each needing all four warps). A TMA store of
-      // the block from shared memory instead was 3-7% slower on the H200 (2026-11-30).
+      // every wgmma that read it has completed, each needing all four warps). Where it can, each
+      // warp rounds its rows into C_m's tile and stores them by TMA (epilogue_tma_store: anchor
+      // dstate 128 at 64K tokens 547 -> 503 us on the H200, v22; v12's TMA store of the whole
+      // block after a CTA barrier had been 3-7% slower than the per-row stores).
       if constexpr (kRanks > 1) {
         // Two ranks: the warpgroup of block m in the other rank sends its partial; this rank's
         // adds it (see at the top). The partial buffer is free once the previous one was read
@@ -529,12 +532,19 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
         }
         tma::mbar_arrive_cluster(tma::cluster_addr(bar_free, 1 - m));
       }
+      // (varlen: rows past a sequence's last chunk's tokens are the next sequence's)
+      if (out_tma && (!p.varlen || ci.count >= (m + 1) * kM)) {
+        epilogue_tma_store<T, kWG>(acc[0], blk, x_m, s_d, p.D != nullptr, &out_map,
+                                   static_cast<int>(ci.tok0) + m * kM, h32, static_cast<int>(ci.row));
+        continue;
+      }
       float* s_y = NK >= 2 ? reinterpret_cast<float*>(blk) : s_y_own;
       epilogue_heads<T, 64, 1, kWG, true>(
           p, acc, s_y, s_d, [&](int) { return x_m; }, [](int) { return true; }, ci, m, h, 1);
     }
     if (early_refill && wg == 0) {
       fence_async_shared();  // (block 0's epilogue read X_0 and the staging in C_0's tile)
+      if (lane == 0) tma::bulk_wait_all();  // (its stores have read the staging)
       named_barrier_sync(1, 2 * kThreads);
       if (tid == 0) issue_chunk(c_rel + 1, 0, 0);
     }
@@ -549,8 +559,9 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       st::store_tile<kWG>(hacc, dst, p.state_dtype, p.st_sp, 0, n_own(), p);
     }
     // Refill the buffer with the next chunk once every thread is done reading it (generic
-    // accesses ordered before the TMA writes).
+    // accesses ordered before the TMA writes) and the output stores have read their staging.
     fence_async_shared();
+    if (lane == 0) tma::bulk_wait_all();
     __syncthreads();
     if (tid == 0) issue_chunk(c_rel + 1, early_refill ? 1 : 0, nb - 1);
   }
@@ -559,11 +570,13 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
                 (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
     st::store_tile<kWG>(hacc, dst, p.fin_dtype, p.fin_sp, 0, n_own(), p);
   }
+  if (lane == 0) tma::bulk_wait_all<true>();  // (the output stores are done)
   if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's last arrivals on this rank's mbarriers)
 }
 
 template <class T, int NK, int kRanks, int kCtas, int kWGs = (NK == 4 ? 2 : 1)>
-void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks, cudaStream_t stream) {
+void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map, bool out_tma,
+                  int64_t walks, cudaStream_t stream) {
   auto kernel = fused_walk_kernel<T, NK, kRanks, kCtas, kWGs>;
   const int smem = fused_smem_bytes<T, NK, kRanks, kCtas, kWGs>(kWGs == 2 ? 128 : p.chunk);
   static int attr_bytes = 0;  // per instantiation
@@ -579,7 +592,17 @@ void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, int64_t walks,
   }
   const dim3 grid(kRanks, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
   launch_kernel(kernel, grid, dim3(Fused<T, NK, kWGs>::kThreadsAll), smem, stream, false, kRanks,
-                kRanks == 1 ? "launch fused_walk" : "launch fused_walk (clusters of two)", p, maps);
+                kRanks == 1 ? "launch fused_walk" : "launch fused_walk (clusters of two)", p, maps, out_map, out_tma);
+}
+
+// Whether the output goes out by TMA stores (epilogue_tma_store): 16-bit, no z, and a layout the
+// TMA takes (16-byte aligned base and strides; MAMBA2_SSD_OUT_TMA=0 turns it off, for measuring).
+bool out_store_by_tma(const SsdParams& p) {
+  const char* e = std::getenv("MAMBA2_SSD_OUT_TMA");
+  if (e != nullptr && std::string(e) == "0") return false;
+  auto aligned = [](int64_t elements) { return (2 * elements) % 16 == 0; };
+  return p.io_dtype != DType::kFloat32 && p.z == nullptr && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
+         aligned(p.out_st) && aligned(p.out_sh) && (p.batch == 1 || aligned(p.out_sb));
 }
 
 }  // namespace
@@ -611,24 +634,32 @@ void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_
                        std::to_string(p.dstate) + ", chunk " + std::to_string(p.chunk));
   }
   const ChunkInputMaps maps = make_chunk_input_maps(p, "fused_walk");
+  CUtensorMap out_map{};
+  const bool out_tma = out_store_by_tma(p);
+  if (out_tma) {
+    const uint32_t box[4] = {64, 16, 1, 1};  // (one warp's rows)
+    const int64_t dims[4] = {p.headdim, p.seqlen, p.nheads, p.batch};
+    const int64_t strides[3] = {2 * p.out_st, 2 * p.out_sh, 2 * p.out_sb};
+    out_map = make_tile_map_16bit(p.out, 4, dims, strides, box, "fused_walk out");
+  }
   if (two_wgs) {  // (dstate <= 64 too: the second warpgroup's columns are past dstate, zeros)
-    if (p.fp16) launch_typed<cutlass::half_t, 2, 1, 1, 2>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 2, 1, 1, 2>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 2, 1, 1, 2>(p, maps, out_map, out_tma, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 2, 1, 1, 2>(p, maps, out_map, out_tma, walks, stream);
   } else if (p.dstate <= 64 && variant == FusedWalkVariant::kThreePerSm) {
-    if (p.fp16) launch_typed<cutlass::half_t, 1, 1, 3>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 1, 1, 3>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 1, 1, 3>(p, maps, out_map, out_tma, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 1, 1, 3>(p, maps, out_map, out_tma, walks, stream);
   } else if (p.dstate <= 64) {
-    if (p.fp16) launch_typed<cutlass::half_t, 1, 1, 2>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 1, 1, 2>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 1, 1, 2>(p, maps, out_map, out_tma, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 1, 1, 2>(p, maps, out_map, out_tma, walks, stream);
   } else if (p.dstate <= 128) {
-    if (p.fp16) launch_typed<cutlass::half_t, 2, 1, 2>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 2, 1, 2>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 2, 1, 2>(p, maps, out_map, out_tma, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 2, 1, 2>(p, maps, out_map, out_tma, walks, stream);
   } else if (p.dstate <= 256) {
-    if (p.fp16) launch_typed<cutlass::half_t, 4, 1, 1>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 4, 1, 1>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 4, 1, 1>(p, maps, out_map, out_tma, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 4, 1, 1>(p, maps, out_map, out_tma, walks, stream);
   } else {
-    if (p.fp16) launch_typed<cutlass::half_t, 4, 2, 1>(p, maps, walks, stream);
-    else launch_typed<cutlass::bfloat16_t, 4, 2, 1>(p, maps, walks, stream);
+    if (p.fp16) launch_typed<cutlass::half_t, 4, 2, 1>(p, maps, out_map, out_tma, walks, stream);
+    else launch_typed<cutlass::bfloat16_t, 4, 2, 1>(p, maps, out_map, out_tma, walks, stream);
   }
 }
 

@@ -77,6 +77,27 @@ __device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
+// ---- Tiled stores: shared memory to global memory, tracked in bulk groups per issuing thread.
+
+// Stores the box at element coordinates (c0 innermost, ...) from `src` (1024-byte aligned for the
+// 128-byte swizzle); elements past the end of a dim are not written. The writing threads' stores
+// into `src` must be fenced first (fence.proxy.async.shared::cta) and synchronised with this one.
+__device__ __forceinline__ void store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+// Closes this thread's stores issued since the last commit into one bulk group.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Waits until this thread's bulk groups have read their shared memory (which may then be
+// overwritten), or with kWrites until their writes are done.
+template <bool kWrites = false>
+__device__ __forceinline__ void bulk_wait_all() {
+  if constexpr (kWrites) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  else asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 // ---- Clusters: the CTAs of a cluster reach each other's shared memory (DSMEM).
 
 // The CTA's rank in its cluster (read each time: volatile, so not kept in a register).
