@@ -34,6 +34,7 @@
 #include "kernels/state_tile.cuh"
 #include "kernels/tensor_map.hpp"
 #include "kernels/tma.cuh"
+#include "mamba2_ssd/error.hpp"
 
 namespace mamba2_ssd::kernels {
 
@@ -635,12 +636,16 @@ void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_
   }
   const ChunkInputMaps maps = make_chunk_input_maps(p, "fused_walk");
   CUtensorMap out_map{};
-  const bool out_tma = out_store_by_tma(p);
+  bool out_tma = out_store_by_tma(p);
   if (out_tma) {
     const uint32_t box[4] = {64, 16, 1, 1};  // (one warp's rows)
     const int64_t dims[4] = {p.headdim, p.seqlen, p.nheads, p.batch};
     const int64_t strides[3] = {2 * p.out_st, 2 * p.out_sh, 2 * p.out_sb};
-    out_map = make_tile_map_16bit(p.out, 4, dims, strides, box, "fused_walk out");
+    try {
+      out_map = make_tile_map_16bit(p.out, 4, dims, strides, box, "fused_walk out");
+    } catch (const Error&) {
+      out_tma = false;  // (a layout the driver refuses: the per-row stores take any)
+    }
   }
   if (two_wgs) {  // (dstate <= 64 too: the second warpgroup's columns are past dstate, zeros)
     if (p.fp16) launch_typed<cutlass::half_t, 2, 1, 1, 2>(p, maps, out_map, out_tma, walks, stream);
