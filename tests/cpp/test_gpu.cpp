@@ -570,8 +570,8 @@ TEST(Gpu, SumsComputeCumsum) {
 
 // fused_walk's two epilogues: TMA stores of whole 64-token blocks (16-bit output without z, the
 // default) and per-row stores (MAMBA2_SSD_OUT_TMA=0 here; also with z, fp32 inputs, and for the last
-// partial block of a varlen sequence), at dstate 64 (three CTAs per SM), 128 (two warpgroups),
-// 256 and 512 (clusters), with seq_idx, a partial last chunk and padded strides.
+// partial block of a varlen sequence), at dstate 64 (one warpgroup, two CTAs per SM), 128 (two
+// warpgroups), 256 and 512 (clusters), with seq_idx, a partial last chunk and padded strides.
 TEST(Gpu, FusedWalkOutputByTmaOrRows) {
   SKIP_WITHOUT_GPU();
   int seed = 1800;
