@@ -181,6 +181,15 @@ const std::vector<Flag>& flag_table() {
                  [](Options& o, const std::string& v) { o.dt_min = parse_double("--dt-min", v); }),
       value_flag("--dt-max", "F", kGroupProblem, "upper dt limit, 'inf' allowed (default inf)",
                  [](Options& o, const std::string& v) { o.dt_max = parse_double("--dt-max", v); }),
+      value_flag("--inputs", "KIND", kGroupProblem,
+                 "random dt, A and dt_bias: tests (dt = softplus(randn), A =\n"
+                 "-uniform(1, 16): strong decays) or model (mamba_ssm's\n"
+                 "initialisation, as bench.py: dt in [1e-3, 0.1]) (default tests)",
+                 [](Options& o, const std::string& v) {
+                   if (v == "tests") o.model_inputs = false;
+                   else if (v == "model") o.model_inputs = true;
+                   else bad("--inputs", "expected tests or model, got " + quoted(v));
+                 }),
       switch_flag("--init", kGroupProblem, "random initial states (default on; --no-init: none)", &Options::init),
       switch_flag("--final", kGroupProblem, "compute the final states (default on; --no-final: skip them)",
                   &Options::final_states),

@@ -59,6 +59,11 @@ struct Options {
   double dt_max = std::numeric_limits<double>::infinity();
   bool init = true;
   bool final_states = true;
+  // The random dt, A and dt_bias: false: dt = softplus(randn), A = -uniform(1, 16), dt_bias =
+  // randn (strong decays, as the tests draw them); true: as mamba_ssm initialises a layer
+  // (dt and the dt_bias' softplus log-uniform in [1e-3, 0.1], A = -exp(uniform(0, log 16))), as
+  // bench.py draws them.
+  bool model_inputs = false;
 
   // ---- layout
   int64_t seq_idx = 0;               // packed sequences per row; 0: no seq_idx

@@ -93,10 +93,10 @@ void print_problem(const char* command, const Problem& prob) {
               dtype_short(o.dtype), dtype_short(prob.dt_dtype()), dtype_short(state),
               o.state_dtype ? "" : " (default)", o.init ? dtype_short(o.init_dtype) : "-",
               o.final_states ? dtype_short(o.final_dtype) : "-");
-  std::printf("  options    D %s, z %s, dt_bias %s, softplus %s, dt limit [%g, %g], initial states %s, "
+  std::printf("  options    inputs %s, D %s, z %s, dt_bias %s, softplus %s, dt limit [%g, %g], initial states %s, "
               "final states %s, chunk states %s\n",
-              d_mode_name(o.d_mode), on_off(o.z), on_off(o.dt_bias), on_off(o.softplus), o.dt_min, o.dt_max,
-              on_off(o.init), on_off(o.final_states), on_off(o.chunk_states));
+              o.model_inputs ? "model" : "tests", d_mode_name(o.d_mode), on_off(o.z), on_off(o.dt_bias),
+              on_off(o.softplus), o.dt_min, o.dt_max, on_off(o.init), on_off(o.final_states), on_off(o.chunk_states));
   if (!prob.varlen) {
     if (o.seq_idx > 0) {
       std::printf("  seq_idx    %lld packed sequences per row; row 0 lengths %s\n", static_cast<long long>(o.seq_idx),

@@ -229,9 +229,16 @@ Problem::Problem(const Options& options) : opt(options) {
   x.allocate("x", opt.dtype, tok({h, p}), false);
   fill(x, seed, silu_randn);
   dt.allocate("dt", dt_dtype(), tok({h}), false);
-  fill(dt, seed, [](Random& r) { return softplus(r.normal()); });
+  // (--inputs model: dt log-uniform in [1e-3, 0.1], or its pre-activation 0.5 randn with
+  // softplus, where dt_bias carries the log-uniform part; bench.py's make_set and make_weights)
+  const bool model = opt.model_inputs;
+  const bool pre_activation = model && opt.softplus;
+  fill(dt, seed, [&](Random& r) {
+    if (!model) return softplus(r.normal());
+    return pre_activation ? 0.5 * r.normal() : std::exp(r.uniform(std::log(1e-3), std::log(1e-1)));
+  });
   A.allocate("A", DType::kFloat32, {h}, false);
-  fill(A, seed, [](Random& r) { return -r.uniform(1.0, 16.0); });
+  fill(A, seed, [&](Random& r) { return model ? -std::exp(r.uniform(0.0, std::log(16.0))) : -r.uniform(1.0, 16.0); });
   B.allocate("B", opt.dtype, tok({g, n}), false);
   fill(B, seed, silu_randn);
   C.allocate("C", opt.dtype, tok({g, n}), false);
@@ -247,7 +254,11 @@ Problem::Problem(const Options& options) : opt(options) {
   }
   if (opt.dt_bias) {
     dt_bias.allocate("dt_bias", DType::kFloat32, {h}, false);
-    fill(dt_bias, seed, randn);
+    fill(dt_bias, seed, [&](Random& r) {
+      if (!model) return r.normal();
+      const double dt0 = std::exp(r.uniform(std::log(1e-3), std::log(1e-1)));
+      return dt0 + std::log(-std::expm1(-dt0));  // (softplus(dt_bias) = dt0)
+    });
   }
   if (opt.init) {
     initial_states.allocate("initial_states", opt.init_dtype, {state_rows, h, p, n}, false);
