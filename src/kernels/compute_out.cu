@@ -377,10 +377,11 @@ __global__ void __launch_bounds__(kThreads, (P == 64 && HB <= 2) ? 3 : 2)
               if (hh < nh) {
                 warpgroup_fence_operand(acc[hh]);
                 {
-                  // Decay from the chunk start to each token; other sequences see no state.
+                  // Decay from the chunk start to each token (not clamped at 1: A > 0 grows the
+                  // state, as in mamba_ssm); other sequences see no state.
                   const float* cum_hh = s_cum + hh * q;
-                  const float f0 = sees0 ? fast_exp2(fminf(cum_hh[t0], 0.0f)) : 0.0f;
-                  const float f1 = sees1 ? fast_exp2(fminf(cum_hh[t1], 0.0f)) : 0.0f;
+                  const float f0 = sees0 ? fast_exp2(cum_hh[t0]) : 0.0f;
+                  const float f1 = sees1 ? fast_exp2(cum_hh[t1]) : 0.0f;
 #pragma unroll
                   for (int v = 0; v < kAccVals; ++v) acc[hh](v) *= ((v >> 1) & 1) ? f1 : f0;
                 }

@@ -142,6 +142,11 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   const int seg = static_cast<int>(blockIdx.z % p.nseg);
   const Walk walk = make_walk(p, blockIdx.z / p.nseg);
   const int64_t grp = h / p.heads_per_group;
+  // A > 0 (cum grows within a chunk): mamba_ssm clamps the decay between two tokens of a chunk,
+  // exp(min(cum_t - cum_s, 0)), at 1 in S and in the state weights, which are then dt'_s: both
+  // are computed with cum taken as 0 (A <= 0, every model: cum_t <= cum_s for s <= t, nothing to
+  // clamp). The state's decay exp2(cum_t) is not clamped.
+  const bool a_grows = p.A[h * p.A_s] > 0.0f;
   const int64_t c_begin = static_cast<int64_t>(seg) * p.seg_chunks;
   if (seg > 0 && c_begin >= walk.nchunks) return;  // a short sequence's empty segment (varlen)
   const int64_t c_end = p.nseg > 1 ? min(c_begin + p.seg_chunks, walk.nchunks) : walk.nchunks;
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       }
     } else {
       const float* e_m = s_wts + q + mu * kM;
-      const float last = s_wts[q - 1];
+      const float last = a_grows ? 0.0f : s_wts[q - 1];  // (see a_grows)
       auto scale = [&](auto with_seq) {
         const int32_t* seq_m = s_seq + mu * kM;
         const int32_t seq_last = with_seq ? s_seq[seq_count - 1] : 0;
@@ -356,7 +361,8 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
     }
     fence_async_shared();
     tma::mbar_wait(bars, parity);  // block 0, with the chunk's cum, dt' (and w)
-    if (tid < q) s_e[tid] = s_cum[tid] - fast_log2(s_e[tid]);  // dt' = 0 (padding): +inf, S = 0
+    // (dt' = 0, padding: +inf, S = 0; a_grows: the decays of S are clamped at 1, as cum_t = cum_s)
+    if (tid < q) s_e[tid] = (a_grows ? 0.0f : s_cum[tid]) - fast_log2(s_e[tid]);
     __syncthreads();  // H_s, s_seq and e_s written
     warpgroup_fence_operand(hacc);
 #pragma unroll
@@ -424,7 +430,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
           const float2 es = *reinterpret_cast<const float2*>(e_j + col);
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const float ct = r ? ct1 : ct0;
+            const float ct = a_grows ? 0.0f : r ? ct1 : ct0;
             const int v = 4 * k + 2 * r;
             const float l0 = fast_exp2(ct - es.x), l1 = fast_exp2(ct - es.y);
             if constexpr (decltype(masked)::value) {
@@ -453,8 +459,8 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
                                 typename Tr::LayoutX{});
         wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[0], false);
       };
-      const float f0 = sees0 ? fast_exp2(fminf(ct0, 0.0f)) : 0.0f;  // (under the wgmma)
-      const float f1 = sees1 ? fast_exp2(fminf(ct1, 0.0f)) : 0.0f;
+      const float f0 = sees0 ? fast_exp2(ct0) : 0.0f;  // (under the wgmma; not clamped: see a_grows)
+      const float f1 = sees1 ? fast_exp2(ct1) : 0.0f;
       if constexpr (!kLateDecay) decay_for(0);
       warpgroup_wait<0>();  // (and the previous block's update)
       warpgroup_fence_operand(acc[0]);

@@ -498,6 +498,114 @@ TEST(Gpu, FusedWalk) {
   }
 }
 
+// Decays as in a model (model_decay: dt in [1e-3, 0.1] as mamba_ssm initialises it, |A| in
+// [1, 16]), where the states of the heads of small |A| carry over several chunks; the other tests'
+// distribution forgets a chunk within a few tokens, so the state passing hardly shows in their
+// outputs. Each case first asserts, on the host, that a head keeps at least 2^-12 of its state over
+// a chunk. fused_walk's variants: one warpgroup (dstate 64 and 128, chunks of 64 and 128, seq_idx
+// and z, fp16, fp32 inputs), three CTAs per SM (1 row x 32 heads x 12 segments), two warpgroups
+// (dstate 96 and 256), clusters (dstate 512); the two kernels (dstate 128 and 256, fp16 at 64); and
+// the varlen layout with dt_bias and softplus on both paths.
+TEST(Gpu, ModelDecays) {
+  SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  int seed = 1900;
+  struct Case {
+    DType dtype;
+    int64_t batch, heads, n, q, seqlen;
+    int segments, fused;
+    bool with_seq;
+  };
+  const DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16, fp32 = DType::kFloat32;
+  for (const Case& k : {Case{bf16, 2, 4, 64, 128, 3000 + 17, 3, 2, true}, Case{bf16, 2, 4, 128, 128, 4096, 1, 2, false},
+                        Case{bf16, 1, 4, 128, 64, 2000 + 5, 4, 2, true}, Case{fp16, 2, 4, 128, 128, 3000, 2, 2, true},
+                        Case{fp32, 1, 4, 64, 64, 1500, 1, 2, false}, Case{bf16, 1, 32, 64, 128, 3072 - 7, 12, 2, true},
+                        Case{bf16, 2, 4, 96, 128, 1500, 3, 2, true}, Case{bf16, 2, 4, 256, 128, 3000 + 45, 2, 2, true},
+                        Case{fp16, 1, 4, 256, 128, 2100, 1, 2, false}, Case{bf16, 2, 4, 512, 128, 2100, 3, 2, true},
+                        Case{bf16, 2, 4, 128, 128, 3000, 4, 1, true}, Case{bf16, 1, 4, 256, 256, 2000 + 9, 1, 1, false},
+                        Case{fp16, 2, 4, 64, 64, 1500, 2, 1, true}}) {
+    ProblemConfig c = base_config();
+    c.dtype = k.dtype;
+    c.dt_dtype = k.dtype == fp16 ? fp16 : DType::kFloat32;
+    c.batch = k.batch;
+    c.nheads = k.heads;
+    c.dstate = k.n;
+    c.chunk_size = k.q;
+    c.seqlen = k.seqlen;
+    c.has_z = k.with_seq;
+    if (k.with_seq) c.seq_starts = {{k.seqlen / 3, k.seqlen / 3 + 1, k.seqlen - 40}};
+    c.want_chunk_states = k.segments == 1;
+    c.model_decay = true;
+    c.kernel_config = {0, 0, 0, k.segments, k.fused};
+    c.seed = ++seed;
+    {
+      const Problem pb(c);
+      double kept = 0.0;  // the largest log2 fraction of a state kept over the first chunk
+      for (int64_t h = 0; h < c.nheads; ++h) {
+        double decay = 0.0;
+        for (int64_t t = 0; t < c.chunk_size; ++t) decay += pb.A.get({h}) * pb.dt.get({0, t, h}) * 1.4426950408889634;
+        kept = h == 0 ? decay : std::max(kept, decay);
+      }
+      ASSERT_GE(kept, -12.0) << c.describe() << ": no head keeps its state over a chunk";
+    }
+    if (k.heads == 32) {
+      ASSERT_EQ(detail::fused_walk_variant(k.n, k.q, k.batch * k.heads * k.segments, sms),
+                kernels::FusedWalkVariant::kThreePerSm)
+          << "on " << sms << " SMs: the case no longer runs three CTAs per SM";
+    }
+    check_problem(c, "model-decays");
+  }
+  for (int fused : {1, 2}) {
+    ProblemConfig v = base_config();
+    v.layout = Layout::kVarlen;
+    v.chunk_size = 128;
+    v.dstate = 128;
+    v.seqlens = {70, 0, 1, 2000, 513, 40};
+    v.want_chunk_states = true;
+    v.has_z = true;
+    v.has_dt_bias = true;
+    v.dt_softplus = true;
+    v.model_decay = true;
+    v.kernel_config = {0, 0, 0, 8, fused};
+    v.seed = ++seed;
+    check_problem(v, "model-decays-varlen");
+  }
+}
+
+// A > 0: the cumulative sums grow within a chunk. mamba_ssm (and the reference) clamp the decay
+// between two tokens of a chunk, exp(min(cum_t - cum_s, 0)), at 1 in S and in the state weights,
+// but not the state's, exp(cum_t). Both paths, fused_walk's variants (one warpgroup at dstate 64
+// and 128 with seq_idx and z, three CTAs per SM, two warpgroups, clusters), model-like dt.
+TEST(Gpu, PositiveA) {
+  SKIP_WITHOUT_GPU();
+  int seed = 2000;
+  struct Case {
+    int64_t heads, n, q, seqlen;
+    int segments, fused;
+    bool with_seq;
+  };
+  for (const Case& k : {Case{4, 64, 128, 1500 + 3, 2, 2, true}, Case{4, 128, 64, 1000, 1, 2, false},
+                        Case{32, 64, 128, 3072 - 7, 12, 2, false}, Case{4, 256, 128, 1500, 3, 2, true},
+                        Case{4, 512, 128, 900, 1, 2, false}, Case{4, 128, 128, 1500 + 3, 3, 1, true},
+                        Case{4, 256, 256, 1000, 1, 1, false}}) {
+    ProblemConfig c = base_config();
+    c.nheads = k.heads;
+    c.batch = k.heads == 32 ? 1 : 2;
+    c.dstate = k.n;
+    c.chunk_size = k.q;
+    c.seqlen = k.seqlen;
+    c.has_z = k.with_seq;
+    if (k.with_seq) c.seq_starts = {{k.seqlen / 2, k.seqlen / 2 + 1}};
+    c.want_chunk_states = k.segments == 1;
+    c.model_decay = true;
+    c.positive_a = true;
+    c.kernel_config = {0, 0, 0, k.segments, k.fused};
+    c.seed = ++seed;
+    check_problem(c, "positive-A");
+  }
+}
+
 // chunk_cumsum's work in fused_walk's segment sums (SsdParams::sums_cumsum, segments of up to
 // kSumsCumsumMaxChunks chunks; each case asserts whether its shape takes it): segments of 1, 2 and
 // 4 chunks (the most: in 2 segments of one tile, the one sum CTA also does the last segment's 4)

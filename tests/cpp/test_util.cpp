@@ -198,7 +198,9 @@ std::string ProblemConfig::describe() const {
   o << " cu=" << dtype_str(cu_seqlens_dtype) << " varlen_states=" << want_varlen_states
     << " chunk_states=" << want_chunk_states
     << " state_dtype=" << (state_dtype ? dtype_str(*state_dtype) : "default")
-    << " chunk_offsets=" << want_chunk_offsets << " padded=" << padded_strides << " seed=" << seed;
+    << " chunk_offsets=" << want_chunk_offsets << " padded=" << padded_strides << " model_decay=" << model_decay
+    << " positive_a=" << positive_a
+    << " seed=" << seed;
   if (kernel_config != KernelConfig{}) o << " kernels=" << to_string(kernel_config);
   return o.str();
 }
@@ -297,9 +299,19 @@ Problem::Problem(const ProblemConfig& c) : cfg(c), shape(shape_of(c)) {
   x = HostTensor(cfg.dtype, tok({h, p}), pad);
   fill(x, "x", silu_randn);
   dt = HostTensor(cfg.dt_dtype, tok({h}), pad);
-  fill(dt, "dt", [](Rng& r) { return std::log1p(std::exp(r.normal())); });
+  const bool model = cfg.model_decay, pre_activation = cfg.dt_softplus;
+  fill(dt, "dt", [&](Rng& r) {
+    if (!model) return std::log1p(std::exp(r.normal()));
+    const double v = std::exp(r.uniform(std::log(1e-3), std::log(1e-1)));
+    return pre_activation ? v + std::log(-std::expm1(-v)) : v;  // (softplus gives v back)
+  });
   A = HostTensor(DType::kFloat32, {h}, pad);
   fill(A, "A", [](Rng& r) { return -r.uniform(1.0, 16.0); });
+  if (model) {  // (stratified: head i's log |A| in the i-th of h equal parts of [0, log 16])
+    Rng r(mix64(cfg.seed) ^ name_hash("A-model"));
+    for (int64_t i = 0; i < h; ++i) A.set({i}, -std::exp(std::log(16.0) * (static_cast<double>(i) + r.uniform()) / h));
+  }
+  if (cfg.positive_a) fill(A, "A", [](Rng& r) { return std::exp(r.uniform(std::log(0.01), std::log(0.05))); });
   B = HostTensor(cfg.dtype, tok({g, n}), pad);
   fill(B, "B", silu_randn);
   C = HostTensor(cfg.dtype, tok({g, n}), pad);

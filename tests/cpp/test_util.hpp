@@ -164,6 +164,15 @@ struct ProblemConfig {
   bool want_chunk_offsets = false;   // varlen layout
   int64_t chunk_capacity_extra = 0;  // varlen: chunk_states rows beyond max_varlen_chunks
   bool padded_strides = false;
+  // dt as mamba_ssm initialises it, log-uniform in [1e-3, 0.1] (with softplus: its inverse,
+  // before dt_bias), and log |A| spread over [0, log 16] (head i in the i-th of nheads parts),
+  // instead of dt = softplus(randn) and A = -uniform(1, 16), whose states forget a chunk within
+  // a few tokens: here the heads of small |A| carry their states over several chunks
+  // (Gpu.ModelDecays).
+  bool model_decay = false;
+  // A = +exp(uniform(log 0.01, log 0.05)) (growth instead of decay; mamba_ssm clamps the decay
+  // factors between two tokens of a chunk at 1, not the state's): Gpu.PositiveA.
+  bool positive_a = false;
   uint64_t seed = 0;
 
   // One line naming every setting, for test failure messages.
