@@ -35,8 +35,9 @@ struct KernelConfig {
   int pass_state_dstate_tile = 0;     // fwd_pass_state: dstate columns per CTA, 32 or 64
   int pass_state_stages = 0;          // fwd_pass_state: load-ring depth, 2 or 4
   int compute_out_heads_per_cta = 0;  // compute_out: 1, 2 or 4 (headdim 64), 1 or 2 (headdim 128)
-  // fwd_pass_state: segments each walk (row or varlen sequence) is split into, 1-16; at most a
-  // quarter of the mean chunks per walk, so a larger count is reduced to what the shape allows.
+  // fwd_pass_state: segments each walk (row or varlen sequence) is split into, 1-16; at most the
+  // mean chunks per walk (segments of one chunk), so a larger count is reduced to what the shape
+  // allows.
   int pass_state_segments = 0;
   // 1: the walk and the output as two kernels running side by side (fwd_pass_state, compute_out);
   // 2: as one kernel (fused_walk: the chunk states stay on chip; the segments above apply, the
