@@ -579,6 +579,8 @@ TEST(Gpu, ModelDecays) {
 // and 128 with seq_idx and z, three CTAs per SM, two warpgroups, clusters), model-like dt.
 TEST(Gpu, PositiveA) {
   SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   int seed = 2000;
   struct Case {
     int64_t heads, n, q, seqlen;
@@ -602,6 +604,11 @@ TEST(Gpu, PositiveA) {
     c.positive_a = true;
     c.kernel_config = {0, 0, 0, k.segments, k.fused};
     c.seed = ++seed;
+    if (k.heads == 32) {
+      ASSERT_EQ(detail::fused_walk_variant(k.n, k.q, c.batch * k.heads * k.segments, sms),
+                kernels::FusedWalkVariant::kThreePerSm)
+          << "on " << sms << " SMs: the case no longer runs three CTAs per SM";
+    }
     check_problem(c, "positive-A");
   }
 }

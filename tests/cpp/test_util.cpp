@@ -199,8 +199,7 @@ std::string ProblemConfig::describe() const {
     << " chunk_states=" << want_chunk_states
     << " state_dtype=" << (state_dtype ? dtype_str(*state_dtype) : "default")
     << " chunk_offsets=" << want_chunk_offsets << " padded=" << padded_strides << " model_decay=" << model_decay
-    << " positive_a=" << positive_a
-    << " seed=" << seed;
+    << " positive_a=" << positive_a << " seed=" << seed;
   if (kernel_config != KernelConfig{}) o << " kernels=" << to_string(kernel_config);
   return o.str();
 }
