@@ -224,24 +224,24 @@ __device__ __forceinline__ void epilogue_heads(const SsdParams& p, AccFrag (&acc
         };
         if (has_d) pass(std::true_type{});
         else pass(std::false_type{});
-        continue;
-      }
+      } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int sw = (r8 + 2 * i) & 7;
-        if (2 * i < rows_left) {
-          float4 y = *reinterpret_cast<const float4*>(y_row + 128 * i + ((4 * c4) ^ (sw << 2)));
-          if (has_d) {
-            const float4 x = load4_16<T>(x_row + 256 * i + (((c4 >> 1) ^ sw) << 4));
-            y.x += d.x * x.x;
-            y.y += d.y * x.y;
-            y.z += d.z * x.z;
-            y.w += d.w * x.w;
+        for (int i = 0; i < 8; ++i) {
+          const int sw = (r8 + 2 * i) & 7;
+          if (2 * i < rows_left) {
+            float4 y = *reinterpret_cast<const float4*>(y_row + 128 * i + ((4 * c4) ^ (sw << 2)));
+            if (has_d) {
+              const float4 x = load4_16<T>(x_row + 256 * i + (((c4 >> 1) ^ sw) << 4));
+              y.x += d.x * x.x;
+              y.y += d.y * x.y;
+              y.z += d.z * x.z;
+              y.w += d.w * x.w;
+            }
+            T q[4] = {from_float<T>(y.x), from_float<T>(y.y), from_float<T>(y.z), from_float<T>(y.w)};
+            *reinterpret_cast<uint2*>(o_row) = *reinterpret_cast<const uint2*>(q);
           }
-          T q[4] = {from_float<T>(y.x), from_float<T>(y.y), from_float<T>(y.z), from_float<T>(y.w)};
-          *reinterpret_cast<uint2*>(o_row) = *reinterpret_cast<const uint2*>(q);
+          o_row += o_step;
         }
-        o_row += o_step;
       }
       continue;
     }
