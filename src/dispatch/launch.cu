@@ -385,7 +385,11 @@ void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k,
       kernels::launch_segment_sums(k, segment_sums_tile(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, sm_count),
                                    stream);
     }
-    kernels::launch_fused_walk(k, fused_walk_variant(k.dstate, k.chunk, walk_heads * k.nseg, sm_count), stream);
+    // (MAMBA2_SSD_FUSED_WS=0: not the specialised variant, for measuring)
+    const char* e = std::getenv("MAMBA2_SSD_FUSED_WS");
+    const bool specialized = kernels::fused_walk_specialized_supported(k) && (e == nullptr || std::string(e) != "0");
+    kernels::launch_fused_walk(k, fused_walk_variant(k.dstate, k.chunk, walk_heads * k.nseg, sm_count, specialized),
+                               stream);
   } else {
     // compute_out overlaps fwd_pass_state (see kernels.hpp).
     kernels::launch_fwd_pass_state(k, ps, stream);

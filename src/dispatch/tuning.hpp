@@ -52,6 +52,11 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 //   SM would take (kernels::launch_fused_walk): there a chunk costs 1.38 units (anchor dstate 64
 //   at 64K: 9.75 us per chunk and CTA in 12 segments against 7.06 in 8 with two per SM; the call
 //   416 against 452 us, H200 2026-11-30 v19).
+// - The specialised kernel (dstate 65-128, chunks of 128; fused_walk_variant): one CTA per SM,
+//   0.55 per chunk and 4 chunks of start-up per wave, and the sums in 128-column CTAs where the
+//   64-column ones would take more than a wave (segment_sums_tile). Fitted to its H200 graph times
+//   at 1-16 segments on 12 anchor, model and tensor-parallel calls (2026-11-30, design log v24): it
+//   picks the fastest on 11 (4 rows x 80 heads x 64 chunks: 2 segments, 550 us against 532 in 1).
 // Counts within 1% of the least: the fewest. Fitted to the H200's graph times of 1-16 segments
 // on 11 anchor, model and tensor-parallel calls (2026-11-30, docs/PERFORMANCE.md v14): it picks
 // the fastest or one within 1% on each (1 row x 20 heads x 512 chunks: 13, 410 us against 544 in
@@ -69,7 +74,12 @@ inline bool fused_walk_three_per_sm(int64_t dstate, int64_t ctas, int sm_count) 
 // anchor dstate 128 at 1K: 23.2 -> 22.2 us; at dstate 64 the second warpgroup's columns would be
 // past dstate: anchor 1K 20.1 -> 20.9 us, H200 2026-11-30 v19); three per SM as above; else one
 // warpgroup, two CTAs per SM.
-inline kernels::FusedWalkVariant fused_walk_variant(int64_t dstate, int64_t chunk, int64_t ctas, int sm_count) {
+// `specialized`: the call fits kSpecialized (kernels::fused_walk_specialized_supported), which then
+// runs wherever it applies: faster than the others at dstate 65-128 on every anchor and model
+// shape measured (design log v24).
+inline kernels::FusedWalkVariant fused_walk_variant(int64_t dstate, int64_t chunk, int64_t ctas, int sm_count,
+                                                    bool specialized) {
+  if (specialized) return kernels::FusedWalkVariant::kSpecialized;
   if (dstate > 64 && dstate <= 128 && chunk == 128 && ctas <= std::max(sm_count, 1)) {
     return kernels::FusedWalkVariant::kTwoWarpgroups;
   }
@@ -77,17 +87,19 @@ inline kernels::FusedWalkVariant fused_walk_variant(int64_t dstate, int64_t chun
   return kernels::FusedWalkVariant::kOneWarpgroup;
 }
 inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int sm_count,
-                                   int max_segments) {
+                                   int max_segments, bool specialized = false) {
   const int64_t sum_slots = 3 * static_cast<int64_t>(sm_count);
   auto cost = [&](int64_t seg) {
     const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
-    const bool three = fused_walk_three_per_sm(64 * dstate_tiles, ctas, sm_count);
-    const int per_sm = three ? 3 : fused_walk_ctas_per_sm(64 * dstate_tiles);
+    const bool three = !specialized && fused_walk_three_per_sm(64 * dstate_tiles, ctas, sm_count);
+    const int per_sm = specialized ? 1 : three ? 3 : fused_walk_ctas_per_sm(64 * dstate_tiles);
     const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
-    const int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
+    int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
+    if (specialized && sum_ctas > sum_slots) sum_ctas = (sum_ctas + 1) / 2;  // (128-column sums, segment_sums_tile)
     const double len = static_cast<double>((chunks + seg - 1) / seg);
-    const double unit = three ? 1.38 : per_sm == 2 && ctas <= sm_count ? 0.66 : 1.0;
-    return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + 1.0) +
+    const double unit = specialized ? 0.55 : three ? 1.38 : per_sm == 2 && ctas <= sm_count ? 0.66 : 1.0;
+    const double start = specialized ? 4.0 : 1.0;
+    return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) +
            0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * len;
   };
   const int64_t top = std::max(max_segments, 1);
@@ -185,8 +197,11 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
                                            : chunks_per_walk >= 32 || (few_walks && chunks_per_walk >= 8);
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;
+    // (kSpecialized where the shape allows it; seq_idx, z or an fp32 output keep the others, whose
+    // segments this model then counts as the specialised one's)
+    const bool specialized = s.headdim == 64 && s.dstate > 64 && s.dstate <= 128 && s.chunk_size == 128 && s.nseq == 0;
     const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,
-                                                 max_segments);
+                                                 max_segments, specialized);
     c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));
   }
   return c;

@@ -8,8 +8,11 @@ namespace mamba2_ssd::kernels {
 // kOneWarpgroup: two CTAs of one warpgroup per SM. kThreePerSm (dstate <= 64): three such CTAs per
 // SM, each slower. kTwoWarpgroups (dstate <= 128, chunks of 128): one CTA of two warpgroups per SM,
 // one per 64-token block and 64 state columns each, as above dstate 128 (at dstate <= 64 the
-// second warpgroup's columns are past dstate: zeros).
-enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups };
+// second warpgroup's columns are past dstate: zeros). kSpecialized (dstate 65-128, chunks of 128,
+// the batched layout without seq_idx, out by TMA stores; kernels::fused_walk_specialized_supported):
+// one CTA of three warpgroups per SM, one for the state and two for the output, and two chunk
+// buffers.
+enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups, kSpecialized };
 
 // The longest segments whose sums also compute chunk_cumsum's outputs (SsdParams::sums_cumsum):
 // each of a sum CTA's four warps computes one of its chunks and at most one of the last

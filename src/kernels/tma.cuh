@@ -24,6 +24,10 @@ __device__ __forceinline__ void fence_mbar_init() {
 __device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
+// Arrives once (release: this thread's earlier shared-memory accesses happen before the phase completes).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
 // Waits until the phase with parity `parity` has completed. kCluster: the wait also acquires what
 // threads of the cluster's other CTAs released when they arrived (mbar_arrive_cluster).
 // (SEM: the try_wait's semantics qualifiers, spliced into the instruction.)

@@ -354,6 +354,16 @@ TEST(Gpu, WalkSegments) {
   }
 }
 
+// Asserts that a case still runs the fused_walk variant it tests on this GPU: `ctas` walks x
+// heads x segments; `specialized`: the call fits kSpecialized (kernels::fused_walk_specialized_supported).
+void expect_fused_variant(int64_t n, int64_t q, int64_t ctas, bool specialized, kernels::FusedWalkVariant want) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  ASSERT_EQ(detail::fused_walk_variant(n, q, ctas, sms, specialized), want)
+      << "dstate " << n << ", chunk " << q << ", " << ctas << " CTAs on " << sms
+      << " SMs: the case no longer runs the variant it tests";
+}
+
 // fused_walk (the walk and the output in one kernel, KernelConfig::fused_walk = 2): every option on the
 // shapes it takes (headdim 64, dstate <= 128 with chunk 64 or 128, dstate <= 512 with chunk 128):
 // dstates below one and between 64-column slices, segments (uneven, with seq_idx starts on and across their edges),
@@ -458,13 +468,15 @@ TEST(Gpu, FusedWalk) {
                            Variant{fp16, 1, 32, 64, 64, 3072, 12, {}, V::kThreePerSm},
                            Variant{bf16, 2, 4, 96, 128, 1500, 3, {{700, 701}, {20}}, V::kTwoWarpgroups},
                            Variant{bf16, 1, 32, 64, 128, 2560 - 9, 5, {}, V::kOneWarpgroup},
-                           Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {}, V::kOneWarpgroup}}) {
+                           Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {{1000, 1001}}, V::kOneWarpgroup},
+                           Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {}, V::kSpecialized},
+                           Variant{fp16, 2, 8, 112, 128, 4096 - 5, 3, {}, V::kSpecialized},
+                           Variant{bf16, 2, 4, 128, 128, 1000, 2, {}, V::kSpecialized}}) {
     // (the segments the shape reduces the count to: the fewest of the same length)
     const int64_t chunks = (v.seqlen + v.q - 1) / v.q, seg_chunks = (chunks + v.segments - 1) / v.segments;
     const int64_t nseg = (chunks + seg_chunks - 1) / seg_chunks;
-    ASSERT_EQ(detail::fused_walk_variant(v.n, v.q, v.batch * v.heads * nseg, sms), v.variant)
-        << "dstate " << v.n << ", " << nseg << " segments on " << sms
-        << " SMs: the case no longer runs the variant it tests";
+    const bool specialized = v.seq_starts.empty() && v.n > 64 && v.n <= 128 && v.q == 128;
+    ASSERT_NO_FATAL_FAILURE(expect_fused_variant(v.n, v.q, v.batch * v.heads * nseg, specialized, v.variant));
     ProblemConfig c = base_config();
     c.dtype = v.dtype;
     c.batch = v.batch;
@@ -508,8 +520,6 @@ TEST(Gpu, FusedWalk) {
 // the varlen layout with dt_bias and softplus on both paths.
 TEST(Gpu, ModelDecays) {
   SKIP_WITHOUT_GPU();
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   int seed = 1900;
   struct Case {
     DType dtype;
@@ -550,9 +560,8 @@ TEST(Gpu, ModelDecays) {
       ASSERT_GE(kept, -12.0) << c.describe() << ": no head keeps its state over a chunk";
     }
     if (k.heads == 32) {
-      ASSERT_EQ(detail::fused_walk_variant(k.n, k.q, k.batch * k.heads * k.segments, sms),
-                kernels::FusedWalkVariant::kThreePerSm)
-          << "on " << sms << " SMs: the case no longer runs three CTAs per SM";
+      ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, k.batch * k.heads * k.segments, false,
+                                                   kernels::FusedWalkVariant::kThreePerSm));
     }
     check_problem(c, "model-decays");
   }
@@ -579,8 +588,6 @@ TEST(Gpu, ModelDecays) {
 // and 128 with seq_idx and z, three CTAs per SM, two warpgroups, clusters), model-like dt.
 TEST(Gpu, PositiveA) {
   SKIP_WITHOUT_GPU();
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   int seed = 2000;
   struct Case {
     int64_t heads, n, q, seqlen;
@@ -590,6 +597,7 @@ TEST(Gpu, PositiveA) {
   for (const Case& k : {Case{4, 64, 128, 1500 + 3, 2, 2, true}, Case{4, 128, 64, 1000, 1, 2, false},
                         Case{32, 64, 128, 3072 - 7, 12, 2, false}, Case{4, 256, 128, 1500, 3, 2, true},
                         Case{4, 512, 128, 900, 1, 2, false}, Case{4, 128, 128, 1500 + 3, 3, 1, true},
+                        Case{4, 128, 128, 1500 + 3, 2, 2, false},
                         Case{4, 256, 256, 1000, 1, 1, false}}) {
     ProblemConfig c = base_config();
     c.nheads = k.heads;
@@ -605,9 +613,8 @@ TEST(Gpu, PositiveA) {
     c.kernel_config = {0, 0, 0, k.segments, k.fused};
     c.seed = ++seed;
     if (k.heads == 32) {
-      ASSERT_EQ(detail::fused_walk_variant(k.n, k.q, c.batch * k.heads * k.segments, sms),
-                kernels::FusedWalkVariant::kThreePerSm)
-          << "on " << sms << " SMs: the case no longer runs three CTAs per SM";
+      ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, false,
+                                                   kernels::FusedWalkVariant::kThreePerSm));
     }
     check_problem(c, "positive-A");
   }

@@ -258,17 +258,20 @@ TEST(TuningHeuristic, FusedWalkThreePerSm) {
   EXPECT_FALSE(fused_walk_three_per_sm(128, 384, 132));  // dstate 128: two per SM only
 }
 
-// Its kernel: two warpgroups per CTA where all CTAs fit one per SM (dstate 65-128, chunks of 128).
+// Its kernel: the specialised one wherever the call fits it; else two warpgroups per CTA where all
+// CTAs fit one per SM (dstate 65-128, chunks of 128).
 TEST(TuningHeuristic, FusedWalkVariant) {
   using detail::fused_walk_variant;
   using V = kernels::FusedWalkVariant;
-  EXPECT_EQ(fused_walk_variant(128, 128, 128, 132), V::kTwoWarpgroups);  // anchor 1K, 4 segments
-  EXPECT_EQ(fused_walk_variant(80, 128, 132, 132), V::kTwoWarpgroups);
-  EXPECT_EQ(fused_walk_variant(64, 128, 128, 132), V::kOneWarpgroup);  // (columns past dstate)
-  EXPECT_EQ(fused_walk_variant(128, 128, 133, 132), V::kOneWarpgroup);
-  EXPECT_EQ(fused_walk_variant(64, 128, 384, 132), V::kThreePerSm);
-  EXPECT_EQ(fused_walk_variant(64, 64, 128, 132), V::kOneWarpgroup);   // chunks of 64
-  EXPECT_EQ(fused_walk_variant(256, 128, 128, 132), V::kOneWarpgroup);  // (dstate 256: its own kernel)
+  EXPECT_EQ(fused_walk_variant(128, 128, 128, 132, true), V::kSpecialized);  // anchor 1K, 4 segments
+  EXPECT_EQ(fused_walk_variant(128, 128, 256, 132, true), V::kSpecialized);  // anchor 64K, 8 segments
+  EXPECT_EQ(fused_walk_variant(128, 128, 128, 132, false), V::kTwoWarpgroups);  // (seq_idx, z, ...)
+  EXPECT_EQ(fused_walk_variant(80, 128, 132, 132, false), V::kTwoWarpgroups);
+  EXPECT_EQ(fused_walk_variant(64, 128, 128, 132, false), V::kOneWarpgroup);  // (columns past dstate)
+  EXPECT_EQ(fused_walk_variant(128, 128, 133, 132, false), V::kOneWarpgroup);
+  EXPECT_EQ(fused_walk_variant(64, 128, 384, 132, false), V::kThreePerSm);
+  EXPECT_EQ(fused_walk_variant(64, 64, 128, 132, false), V::kOneWarpgroup);   // chunks of 64
+  EXPECT_EQ(fused_walk_variant(256, 128, 128, 132, false), V::kOneWarpgroup);  // (dstate 256: its own kernel)
 }
 
 TEST(TuningHeuristic, SumsTakeCumsum) {
@@ -350,12 +353,12 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   auto pick = [](const ProblemShape& s, int64_t walks) {
     return detail::heuristic_config(s, walks, 132, detail::max_walk_segments(s, false));
   };
-  // anchor (4 rows, 8 heads): dstate 64 and 128 fused in 8 segments (two CTAs per SM) from 32
-  // chunks per walk on, 16 for dstate 128 at 64K (the sums in fewer waves); else 32-column tiles up to dstate 128,
-  // 64 from 256 on, no segments
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 16, 2}));
-  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
-  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
+  // anchor (4 rows, 8 heads): dstate 128 fused (the specialised kernel, one CTA per SM) in 8
+  // segments at 64K (461 us; 497 / 508 / 501 in 4 / 12 / 16), 4 at 16K and 4K (136 / 44.3 us; 141
+  // / 53.6 in 8; H200 2026-11-30 v24); else 32-column tiles up to dstate 128, 64 from 256 on
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
   EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4).fused_walk, 2);
   // dstate 512: fused (two CTAs per walk) in 2 segments (128 CTAs; the fastest of 1-16 at 1K to
   // 64K tokens, 2026-11-30 v17); dstate 384: the two kernels (fused costs what it does at 512)
@@ -387,15 +390,15 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 896, 8, 1, 64), 4).fused_walk, 1);
   // a short sequence (the two kernels): one head per compute_out CTA (two would be under one wave)
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 384), 4).compute_out_heads_per_cta, 1);
-  // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, 4 segments for 4
-  // rows x 80 heads (320 chains over 264 CTA slots: 2 waves of 64 chunks in 1 segment, 5 of 16
-  // in 4), 1 for 8 rows x 64 heads
-  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 4, 2}));
+  // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, 2 segments for 4
+  // rows x 80 heads (the specialised kernel: 550 us; 532 in 1, 594 in 3, v24), 1 for 8 rows x 64
+  // heads
+  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 2, 2}));
   EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64), 8), (KernelConfig{64, 2, 1, 1, 2}));
   EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1).fused_walk, 1);  // 16 chunks
   EXPECT_EQ(pick(shape(1, 8192, 80, 1, 128), 1).pass_state_segments, 3);  // 240 CTAs, not 13 x 80
-  EXPECT_EQ(pick(shape(1, 65536, 80, 1, 128), 1).pass_state_segments, 13);  // 1.41 ms; 1.52 in 6
-  EXPECT_EQ(pick(shape(8, 4096, 80, 1, 128), 8).pass_state_segments, 2);      // 658 us; 651 in 1
+  EXPECT_EQ(pick(shape(1, 65536, 80, 1, 128), 1).pass_state_segments, 8);  // 1.18 ms; 1.19 in 13 (v24)
+  EXPECT_EQ(pick(shape(8, 4096, 80, 1, 128), 8).pass_state_segments, 1);  // 451 us; 548 in 2 (v24)
   // chunks of 256 (when the chunk states are returned): not fused
   EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
   // few walks: 64-column tiles in segments (16 CTAs -> 16 segments; 20 -> 13; 2 rows of dstate
