@@ -1,4 +1,5 @@
 // fused_walk: the state walk and every chunk's output in one kernel; the chunk states stay on chip.
+// (At dstate 65-128, batched, without seq_idx or z: the warp-specialised kernel of fused_walk_ws.cu.)
 //
 // One CTA per (walk, head, walk segment) walks the segment's chunks in order, with the head's
 // whole 64 x N state (headdim 64) as wgmma accumulators in registers (fp32): one warpgroup holds
@@ -30,6 +31,7 @@
 // launch (64- or 128-column tiles, stored as 64) runs first, and segment k starts from the
 // combined sums.
 #include "kernels/chunk_out.cuh"
+#include "kernels/fused_walk_parts.cuh"
 #include "kernels/kernels.hpp"
 #include "kernels/state_tile.cuh"
 #include "kernels/tensor_map.hpp"
@@ -42,39 +44,8 @@ namespace {
 
 using namespace cute;
 using namespace chunk_out;
+using namespace fused_walk_parts;
 namespace st = state_tile;
-
-
-// Byte offset of the pair of columns (8 k + 2 (lane % 4), + 1) of row t in a 64 x 64 16-bit tile
-// of 128-byte rows with the 128-byte swizzle (H_s's slices): the 16-byte chunk index is xor-ed
-// with t % 8, which is lane / 4 for both rows of a thread's fragment.
-__device__ __forceinline__ uint32_t pair_offset(int t, int k, int lane) {
-  return static_cast<uint32_t>(t * 128 + ((k ^ (lane / 4)) << 4) + (lane % 4) * 4);
-}
-
-// NK: 64-column dstate slices (1, 2 or 4); kWGs: warpgroups, 2 with NK = 4 and in a variant with
-// NK = 2. With two, warpgroup w holds state columns 128 w .. 128 w + 127 (NK = 2: 64 w ..; the
-// update's share of the chunk's tokens, all its blocks) and computes the output of block m = w
-// (C_m H_s^T over the whole H_s in shared memory, which both write). A 64 x 256 state per
-// warpgroup would take 128 more registers per thread.
-template <class T, int NK, int kWGs>
-struct Fused {
-  using Tr = Traits<T, 64>;
-  static constexpr int kWarpgroups = kWGs;
-  static constexpr int kThreadsAll = kThreads * kWarpgroups;
-  static constexpr int kStateSlices = NK / kWarpgroups;  // per warpgroup
-  static constexpr int kN_state = kStateSlices * kN;
-  // The update's operands: X_m * w as (p, token) in registers (A, loaded from the X tile with
-  // transposing ldmatrix and scaled there), and B_m as (n, token) over the warpgroup's slices,
-  // the same bytes as the (token, n) slices of C B^T (MN-major B).
-  using LayoutBn = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<kN_state>, Int<kM>>{},
-                                          Step<_2, _1>{}));
-  using MmaUpd = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<T, T, float, Shape<_64, Int<kN_state>, Int<kM>>, GMMA::Major::K, GMMA::Major::MN>()));
-  static constexpr int kSlice = kM * kN * 2;                 // one 64 x 64 tile: 8 KB
-  static constexpr int kBlockBytes = (2 * NK + 1) * kSlice;  // block m: C_m slices, B_m slices, X_m
-  static constexpr int kAccVals = 64 * kN_state / kThreads;
-};
 
 // Above dstate 256 two CTAs of a cluster (ranks) share a head's walk: rank r holds state columns
 // 256 r .. 256 r + 255 as `Fused<T, 4>` holds 0..255, and its C, B and H_s are those columns only.
@@ -84,22 +55,6 @@ struct Fused {
 // other rank's warpgroup m stores into its shared memory (16 KB of fp32, fragment order).
 constexpr int kPartialBytes = kM * 64 * 4;
 
-// kCtas: CTAs per SM. Two of one warpgroup (dstate 128: 248 registers; dstate 64: also three,
-// see launch_fused_walk), one of two warpgroups (NK = 4: its shared memory). Three at dstate 64
-// take at most 168 registers and 75 KB of shared memory each: the state weights w come from cum
-// and e (see load_xw), not as a third array, and the decays are computed once C_m B_j^T has
-// landed, not under its wgmma (kLateDecay). Each CTA is then slower (dstate 64, 4K tokens in 8
-// segments: 42.6 us against 40.5 with two per SM, H200 2026-11-30), the SM's throughput higher.
-template <int kCtas>
-constexpr int weight_arrays = kCtas == 3 ? 2 : 3;
-
-// The chunk buffer: [block m: C_m, B_m, X_m] for m < q / 64, then cum, dt' and w (q floats each),
-// in two slots (chunks of even and odd rank in the walk) with two warpgroups: block 0's tiles
-// and the weights of the next chunk land while this chunk's block 1 still reads its weights.
-template <int kWG, int kCtas>
-__host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
-  return ((q / kM) * block_bytes + kWG * weight_arrays<kCtas> * q * 4 + 1023) / 1024 * 1024;
-}
 // The epilogue's fp32 staging (64 x 64, 16 KB): in C_m's tile once block m is done with it where
 // that is as large (NK >= 2; only the warpgroup of block m reads C_m), else its own.
 template <int NK>
@@ -227,26 +182,11 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
                       (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
     st::load_tile<kWG>(hacc, src, p.init_dtype, p.init_sp, 0, n_own(), p);
   } else if (seg > 0) {
-    // T_1 = sum_0, T_k = carry_{k-1} T_{k-1} + sum_{k-1} (fwd_pass_state's sums: 64 x 64 tiles in
-    // fragment order; value v of this warpgroup's fragment is value v % 32 of its tile v / 32).
+    // (see state_from_sums)
     const int64_t base = (walk.walk * p.nheads + h) * (p.nseg - 1);
     // (Two warpgroups: the second one's last tile is past dstate when dstate <= 192; no sums
     // there, and its columns stay 0.)
-    const int tile0 = rank_now() * NK + wg * F::kStateSlices;
-    auto sum_at = [&](int k, int v) {
-      const int tile = tile0 + (v >> 5);
-      return kWG == 1 || tile < p.ready_tiles
-                 ? p.seg_sums[(((base + k) * p.ready_tiles + tile) * 32 + (v & 31)) * kThreads + wtid]
-                 : 0.0f;
-    };
-#pragma unroll
-    for (int v = 0; v < F::kAccVals; ++v) hacc(v) = sum_at(0, v);
-#pragma unroll(kWG == 1 ? 2 : 1)
-    for (int k = 1; k < seg; ++k) {
-      const float f = p.seg_carry[base + k];
-#pragma unroll
-      for (int v = 0; v < F::kAccVals; ++v) hacc(v) = fmaf(f, hacc(v), sum_at(k, v));
-    }
+    state_from_sums<kWG != 1, kWG == 1 ? 2 : 1>(hacc, p, base, seg, rank_now() * NK + wg * F::kStateSlices, wtid);
   } else {
     clear(hacc);
   }
@@ -350,15 +290,8 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       if (tid < q) s_seq[tid] = tid < ci.count ? *src : 0;
       seq_prev = ci.local > 0 ? seq_row[(ci.tok0 - 1) * p.seq_st] : 0;
     }
-    // H_s = H in the compute type: (p, n) per 64-column slice (Tr::LayoutH: rows p of 128 bytes,
-    // swizzled). Value v is at row acc_row(v), column acc_col(v) of slice v / 32.
-#pragma unroll
-    for (int v = 0; v < F::kAccVals; v += 2) {
-      const T pair[2] = {from_float<T>(hacc(v)), from_float<T>(hacc(v + 1))};
-      char* slice = s_h + (wg * F::kStateSlices + (v >> 5)) * F::kSlice;
-      *reinterpret_cast<uint32_t*>(slice + pair_offset(acc_row<kWG>(v), (v >> 2) & 7, lane)) =
-          *reinterpret_cast<const uint32_t*>(pair);
-    }
+    // H_s = H in the compute type (this warpgroup's slices)
+    store_state_copy<T, kWG>(hacc, s_h + wg * F::kStateSlices * F::kSlice, lane);
     fence_async_shared();
     tma::mbar_wait(bars, parity);  // block 0, with the chunk's cum, dt' (and w)
     // (dt' = 0, padding: +inf, S = 0; a_grows: the decays of S are clamped at 1, as cum_t = cum_s)
@@ -390,24 +323,13 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
 
       // ---- acc = (C_m H_s^T) * exp2(cum_t), and cb = C_m B_0^T in the same wgmma batch
       auto issue_cb = [&](int j) {
-        const char* bj = buf + j * F::kBlockBytes;
-#pragma unroll
-        for (int ks = 0; ks < NK; ++ks) {
-          Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + ks * F::kSlice)), typename Tr::LayoutC{});
-          Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(bj + (NK + ks) * F::kSlice)),
-                                  typename Tr::LayoutB{});
-          wgmma_k(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb, ks == 0);
-        }
+        wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutB>(mma_cb, thr_cb, blk,
+                                                                         buf + j * F::kBlockBytes + NK * F::kSlice, cb);
       };
       warpgroup_fence_operand(acc[0]);
       warpgroup_fence_operand(cb);
       warpgroup_arrive();
-#pragma unroll
-      for (int ks = 0; ks < NK; ++ks) {
-        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + ks * F::kSlice)), typename Tr::LayoutC{});
-        Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s_h + ks * F::kSlice)), typename Tr::LayoutH{});
-        wgmma_k(mma_ch, thr_ch.partition_fragment_A(sC), thr_ch.partition_fragment_B(sH), acc[0], ks == 0);
-      }
+      wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk, s_h, acc[0]);
       issue_cb(0);
       warpgroup_commit_batch();
       const float ct0 = s_cum[t0], ct1 = s_cum[t1];
@@ -421,28 +343,8 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       // the fp32 accumulator and of the 16-bit A operand coincide (see compute_out).
       float decay[kCbVals];
       auto make_decay = [&](int j, auto masked) {
-        const int hi0 = t0 - j * kN, hi1 = t1 - j * kN;
-        const int lw0 = lo0 - j * kN, lw1 = lo1 - j * kN;
-        const float* e_j = s_e + j * kN;
-#pragma unroll
-        for (int k = 0; k < kN / 8; ++k) {
-          const int col = 8 * k + 2 * (lane % 4);
-          const float2 es = *reinterpret_cast<const float2*>(e_j + col);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float ct = a_grows ? 0.0f : r ? ct1 : ct0;
-            const int v = 4 * k + 2 * r;
-            const float l0 = fast_exp2(ct - es.x), l1 = fast_exp2(ct - es.y);
-            if constexpr (decltype(masked)::value) {
-              const int hi = r ? hi1 : hi0, lw = r ? lw1 : lw0;
-              decay[v] = col <= hi && col >= lw ? l0 : 0.0f;
-              decay[v + 1] = col + 1 <= hi && col + 1 >= lw ? l1 : 0.0f;
-            } else {
-              decay[v] = l0;
-              decay[v + 1] = l1;
-            }
-          }
-        }
+        s_decays<decltype(masked)::value, true>(decay, s_e + j * kN, a_grows, ct0, ct1, t0 - j * kN, t1 - j * kN,
+                                                lo0 - j * kN, lo1 - j * kN, lane);
       };
       auto decay_for = [&](int j) {
         if (j == m || seq_row != nullptr) make_decay(j, std::true_type{});
@@ -581,365 +483,6 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's last arrivals on this rank's mbarriers)
 }
 
-// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate <= 128, chunks of 128,
-// the batched layout without seq_idx, out by TMA stores. One CTA of three warpgroups per SM.
-// Warpgroup 0 holds the state: it writes H_s, scales and updates H, stores the chunk states and
-// issues the loads. Warpgroups 1 and 2 compute the output: block (c + w) % 2 of chunk c for
-// warpgroup 1 + w, so each takes block 1 (about twice block 0's work) every other chunk. The
-// chunk buffer and H_s have two slots each: the next chunk's tiles land and the state runs up to a
-// chunk ahead while this chunk's output is computed; the walk's only chain is H's update. The
-// output warpgroups take the registers the state one does not need (setmaxnreg).
-constexpr int kWsStateRegs = 144, kWsOutRegs = 176;  // 144 + 2 x 176 <= 3 x 168 (64K per SM)
-
-template <class T, int NK>
-struct WsLayout {
-  using F = Fused<T, NK, 1>;
-  static constexpr int kQ = 128;
-  static constexpr int kSlotBytes = buffer_bytes<1, 2>(F::kBlockBytes, kQ);  // blocks 0, 1; cum, dt', w
-  static constexpr int kHsBytes = NK * F::kSlice;
-  // [slot 0][slot 1][H_s 0][H_s 1][e: 2 output warpgroups x 2 slots x q][D: 64][mbarriers: 8]
-  static constexpr int kHs = 2 * kSlotBytes;
-  static constexpr int kE = kHs + 2 * kHsBytes;
-  static constexpr int kD = kE + 4 * kQ * 4;
-  static constexpr int kBars = kD + 64 * 4;
-  static constexpr int kBytes = 1024 + kBars + 8 * 8;
-};
-
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-template <class T, int NK>
-__global__ void __launch_bounds__(3 * kThreads, 1)
-    fused_walk_ws_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps,
-                         const __grid_constant__ CUtensorMap out_map) {
-  using F = Fused<T, NK, 1>;
-  using Tr = typename F::Tr;
-  using L = WsLayout<T, NK>;
-  constexpr int q = L::kQ;
-  extern __shared__ __align__(1024) char smem_raw[];
-  char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
-  const int tid = threadIdx.x, lane = tid % 32, wg = tid / kThreads, wtid = tid % kThreads;
-  const int64_t h = blockIdx.y;
-  const int seg = static_cast<int>(blockIdx.z % p.nseg);
-  const Walk walk = make_walk(p, blockIdx.z / p.nseg);
-  const int64_t grp = h / p.heads_per_group;
-  const bool a_grows = p.A[h * p.A_s] > 0.0f;  // (see fused_walk_kernel)
-  const int64_t c_begin = static_cast<int64_t>(seg) * p.seg_chunks;
-  if (seg > 0 && c_begin >= walk.nchunks) return;
-  const int64_t c_end = p.nseg > 1 ? min(c_begin + p.seg_chunks, walk.nchunks) : walk.nchunks;
-  const int n_local = static_cast<int>(c_end - c_begin);
-
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-  // (every thread arrives where it has read or written: each one's accesses are then ordered
-  // before the waiter's by the mbarrier itself)
-  uint64_t* full = bars;          // [slot]: the chunk's tiles and weights landed (TMA bytes)
-  uint64_t* empty = bars + 2;     // [slot]: every thread is done with the chunk
-  uint64_t* hs_full = bars + 4;   // [slot]: H_s written (the state warpgroup)
-  uint64_t* hs_empty = bars + 6;  // [slot]: C H^T has read it (the output warpgroups)
-  float* s_d = reinterpret_cast<float*>(smem + L::kD);
-  if (tid == 0) {
-    for (int s = 0; s < 2; ++s) {
-      tma::mbar_init(full + s, 1);
-      tma::mbar_init(empty + s, 3 * kThreads);
-      tma::mbar_init(hs_full + s, kThreads);
-      tma::mbar_init(hs_empty + s, 2 * kThreads);
-    }
-    tma::fence_mbar_init();
-  }
-  if (p.D != nullptr && tid < 64) s_d[tid] = p.D[h * p.D_sh + tid * p.D_sp];
-  __syncthreads();
-  auto slot_of = [&](int c_rel) { return smem + (c_rel & 1) * L::kSlotBytes; };
-  auto hs_of = [&](int c_rel) { return smem + L::kHs + (c_rel & 1) * L::kHsBytes; };
-  auto cum_of = [&](const char* buf) { return reinterpret_cast<const float*>(buf + 2 * F::kBlockBytes); };
-
-  if (wg == 0) {
-    // ================= the state warpgroup
-    setmaxnreg_dec<kWsStateRegs>();
-    const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h);
-    auto issue_chunk = [&](int c_rel) {
-      const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
-      char* buf = slot_of(c_rel);
-      uint64_t* bar = full + (c_rel & 1);
-      const int tok = static_cast<int>(ci.tok0);
-      tma::mbar_arrive_expect(bar, 2 * F::kBlockBytes + 3 * q * 4);
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        char* blk = buf + m * F::kBlockBytes;
-#pragma unroll
-        for (int ks = 0; ks < NK; ++ks) {
-          tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
-          tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
-        }
-        tma::load_4d(&maps.x, bar, blk + 2 * NK * F::kSlice, 0, tok + m * kM, h32, row32);
-      }
-      const int64_t off = cum_offset(p, walk.row, h, walk.g0 + c_begin + c_rel);
-      float* meta = const_cast<float*>(cum_of(buf));
-      tma::load_bulk(meta, p.cum + off, q * 4, bar);
-      tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
-      tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
-    };
-    if (tid == 0) {
-      if (n_local > 0) issue_chunk(0);
-      if (n_local > 1) issue_chunk(1);
-    }
-    typename F::MmaUpd mma_up;
-    auto thr_up = mma_up.get_slice(wtid);
-    Tensor hacc = partition_fragment_C(mma_up, Shape<_64, Int<F::kN_state>>{});
-    if (seg == 0 && p.init != nullptr) {
-      const void* src = static_cast<const char*>(p.init) +
-                        (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
-      st::load_tile<1>(hacc, src, p.init_dtype, p.init_sp, 0, 0, p);
-    } else if (seg > 0) {
-      // (as fused_walk_kernel: the sums of the segments before, 64-column tiles)
-      const int64_t base = (walk.walk * p.nheads + h) * (p.nseg - 1);
-      auto sum_at = [&](int k, int v) {
-        const int tile = v >> 5;
-        return tile < p.ready_tiles ? p.seg_sums[(((base + k) * p.ready_tiles + tile) * 32 + (v & 31)) * kThreads + wtid]
-                                    : 0.0f;
-      };
-#pragma unroll
-      for (int v = 0; v < F::kAccVals; ++v) hacc(v) = sum_at(0, v);
-#pragma unroll 1
-      for (int k = 1; k < seg; ++k) {
-        const float f = p.seg_carry[base + k];
-#pragma unroll
-        for (int v = 0; v < F::kAccVals; ++v) hacc(v) = fmaf(f, hacc(v), sum_at(k, v));
-      }
-    } else {
-      clear(hacc);
-    }
-    using XFrag = decltype(make_tensor<T>(partition_shape_A(mma_up, Shape<_64, Int<kM>>{})));
-    XFrag xw;
-    auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma_up);
-    auto thr_x_copy = x_copy.get_slice(wtid);
-    Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));
-    const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
-    float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
-#pragma unroll 1
-    for (int c_rel = 0; c_rel < n_local; ++c_rel) {
-      const int64_t c = c_begin + c_rel;
-      const uint32_t ph = (c_rel >> 1) & 1u;
-      const float carry = carry_next;
-      if (c_rel + 1 < n_local) carry_next = carry_walk[c + 1];
-      // H_s(c) = H in the compute type, once chunk c - 2's output has read its slot
-      tma::mbar_wait(hs_empty + (c_rel & 1), ph ^ 1u);
-      char* s_h = hs_of(c_rel);
-#pragma unroll
-      for (int v = 0; v < F::kAccVals; v += 2) {
-        const T pair[2] = {from_float<T>(hacc(v)), from_float<T>(hacc(v + 1))};
-        char* slice = s_h + (v >> 5) * F::kSlice;
-        *reinterpret_cast<uint32_t*>(slice + pair_offset(acc_row<1>(v), (v >> 2) & 7, lane)) =
-            *reinterpret_cast<const uint32_t*>(pair);
-      }
-      fence_async_shared();
-      tma::mbar_arrive(hs_full + (c_rel & 1));
-      // Chunk c + 1 into the slot of chunk c - 1 once every warp is done with that one.
-      if (tid == 0 && c_rel >= 1 && c_rel + 1 < n_local) {
-        tma::mbar_wait(empty + ((c_rel + 1) & 1), ((c_rel - 1) >> 1) & 1u);
-        issue_chunk(c_rel + 1);
-      }
-      __syncwarp();
-      const char* buf = slot_of(c_rel);
-      tma::mbar_wait(full + (c_rel & 1), ph);
-      warpgroup_fence_operand(hacc);
-#pragma unroll
-      for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= carry;
-      const float* s_w = cum_of(buf) + 2 * q;
-#pragma unroll 1
-      for (int mu = 0; mu < 2; ++mu) {
-        Tensor sX = make_tensor(
-            make_smem_ptr(reinterpret_cast<const T*>(buf + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
-            typename Tr::LayoutX{});
-        Tensor dst = thr_x_copy.retile_D(xw);
-        copy(x_copy, thr_x_copy.partition_S(sX), dst);
-        const float* w_m = s_w + mu * kM;
-#pragma unroll
-        for (int e = 0; e < decltype(size(xw))::value; ++e) {
-          xw(e) = from_float<T>(to_float<T>(xw(e)) * w_m[get<1>(x_tok(e))]);
-        }
-        Tensor sBn = make_tensor(
-            make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * F::kBlockBytes + NK * F::kSlice)),
-            typename F::LayoutBn{});
-        warpgroup_fence_operand(xw);
-        warpgroup_fence_operand(hacc);
-        warpgroup_arrive();
-        wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(hacc);
-      }
-      fence_async_shared();
-      tma::mbar_arrive(empty + (c_rel & 1));
-      if (p.states != nullptr) {
-        char* dst = static_cast<char*>(p.states) +
-                    (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
-        st::store_tile<1>(hacc, dst, p.state_dtype, p.st_sp, 0, 0, p);
-      }
-    }
-    if (p.final_states != nullptr && c_end == walk.nchunks) {
-      char* dst = static_cast<char*>(p.final_states) +
-                  (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
-      st::store_tile<1>(hacc, dst, p.fin_dtype, p.fin_sp, 0, 0, p);
-    }
-    return;
-  }
-
-  // ================= the output warpgroups
-  setmaxnreg_inc<kWsOutRegs>();
-  const int ow = wg - 1;
-  typename Tr::MmaCB mma_cb;
-  typename Tr::MmaCH mma_ch;
-  typename Tr::MmaSX mma_sx;
-  auto thr_cb = mma_cb.get_slice(wtid);
-  auto thr_ch = mma_ch.get_slice(wtid);
-  auto thr_sx = mma_sx.get_slice(wtid);
-  Tensor cb = partition_fragment_C(mma_cb, Shape<Int<kM>, Int<kN>>{});
-  Tensor acc = partition_fragment_C(mma_ch, Shape<Int<kM>, Int<64>>{});
-  using SFrag = decltype(make_tensor<T>(partition_shape_A(mma_sx, Shape<Int<kM>, Int<kN>>{})));
-  SFrag sf;
-  constexpr int kCbVals = kM * kN / kThreads;
-  const int ra = acc_row<3>(0), rb = acc_row<3>(2);
-  const int row32 = static_cast<int>(walk.row), h32 = static_cast<int>(h);
-#pragma unroll 1
-  for (int c_rel = 0; c_rel < n_local; ++c_rel) {
-    const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
-    const uint32_t ph = (c_rel >> 1) & 1u;
-    const int m = (c_rel + ow) & 1;
-    char* buf = slot_of(c_rel);
-    char* blk = buf + m * F::kBlockBytes;
-    const float* s_cum = cum_of(buf);
-    float* s_e = reinterpret_cast<float*>(smem + L::kE) + (ow * 2 + (c_rel & 1)) * q;
-    tma::mbar_wait(full + (c_rel & 1), ph);
-    // e_s = cum_s - log2(dt'_s) (a_grows: cum taken as 0), this warpgroup's copy
-    s_e[wtid] = (a_grows ? 0.0f : s_cum[wtid]) - fast_log2(s_cum[q + wtid]);
-    named_barrier_sync(1 + ow, kThreads);
-    tma::mbar_wait(hs_full + (c_rel & 1), ph);
-    const char* s_h = hs_of(c_rel);
-    const int t0 = m * kM + ra, t1 = m * kM + rb;
-    auto issue_cb = [&](int j) {
-      const char* bj = buf + j * F::kBlockBytes;
-#pragma unroll
-      for (int ks = 0; ks < NK; ++ks) {
-        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + ks * F::kSlice)), typename Tr::LayoutC{});
-        Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(bj + (NK + ks) * F::kSlice)),
-                                typename Tr::LayoutB{});
-        wgmma_k(mma_cb, thr_cb.partition_fragment_A(sC), thr_cb.partition_fragment_B(sB), cb, ks == 0);
-      }
-    };
-    warpgroup_fence_operand(acc);
-    warpgroup_fence_operand(cb);
-    warpgroup_arrive();
-#pragma unroll
-    for (int ks = 0; ks < NK; ++ks) {
-      Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<T*>(blk + ks * F::kSlice)), typename Tr::LayoutC{});
-      Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(s_h) + ks * F::kSlice)),
-                              typename Tr::LayoutH{});
-      wgmma_k(mma_ch, thr_ch.partition_fragment_A(sC), thr_ch.partition_fragment_B(sH), acc, ks == 0);
-    }
-    issue_cb(0);
-    warpgroup_commit_batch();
-    const float ct0 = s_cum[t0], ct1 = s_cum[t1];
-    // S_mj = C_m B_j^T * exp2(cum_t - e_s), s <= t on the diagonal block (as fused_walk_kernel)
-    float decay[kCbVals];
-    auto make_decay = [&](int j, auto masked) {
-      const int hi0 = t0 - j * kN, hi1 = t1 - j * kN;
-      const float* e_j = s_e + j * kN;
-#pragma unroll
-      for (int k = 0; k < kN / 8; ++k) {
-        const int col = 8 * k + 2 * (lane % 4);
-        const float2 es = *reinterpret_cast<const float2*>(e_j + col);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float ct = a_grows ? 0.0f : r ? ct1 : ct0;
-          const int v = 4 * k + 2 * r;
-          const float l0 = fast_exp2(ct - es.x), l1 = fast_exp2(ct - es.y);
-          if constexpr (decltype(masked)::value) {
-            const int hi = r ? hi1 : hi0;
-            decay[v] = col <= hi ? l0 : 0.0f;
-            decay[v + 1] = col + 1 <= hi ? l1 : 0.0f;
-          } else {
-            decay[v] = l0;
-            decay[v + 1] = l1;
-          }
-        }
-      }
-    };
-    auto decay_for = [&](int j) {
-      if (j == m) make_decay(j, std::true_type{});
-      else make_decay(j, std::false_type{});
-    };
-    auto make_s = [&]() {
-#pragma unroll
-      for (int v = 0; v < kCbVals; ++v) sf(v) = from_float<T>(cb(v) * decay[v]);
-      warpgroup_fence_operand(sf);
-    };
-    auto issue_sx = [&](int j) {
-      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(buf + j * F::kBlockBytes + 2 * NK * F::kSlice)),
-                              typename Tr::LayoutX{});
-      wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc, false);
-    };
-    const float f0 = fast_exp2(ct0), f1 = fast_exp2(ct1);
-    decay_for(0);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
-    warpgroup_fence_operand(cb);
-    tma::mbar_arrive(hs_empty + (c_rel & 1));  // (C H^T has read H_s)
-#pragma unroll
-    for (int v = 0; v < decltype(size(acc))::value; ++v) acc(v) *= ((v >> 1) & 1) ? f1 : f0;
-#pragma unroll 1
-    for (int j = 0; j < m; ++j) {
-      make_s();
-      warpgroup_fence_operand(acc);
-      warpgroup_fence_operand(cb);
-      warpgroup_arrive();
-      issue_sx(j);
-      issue_cb(j + 1);
-      warpgroup_commit_batch();
-      decay_for(j + 1);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc);
-      warpgroup_fence_operand(cb);
-    }
-    make_s();
-    warpgroup_fence_operand(acc);
-    warpgroup_arrive();
-    issue_sx(m);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
-    epilogue_tma_store<T, 3>(acc, blk, blk + 2 * NK * F::kSlice, s_d, p.D != nullptr, &out_map,
-                             static_cast<int>(ci.tok0) + m * kM, h32, row32);
-    if (lane == 0) tma::bulk_wait_all();  // (the stores have read the staging in C_m's tile)
-    fence_async_shared();
-    __syncwarp();
-    tma::mbar_arrive(empty + (c_rel & 1));
-  }
-  if (lane == 0) tma::bulk_wait_all<true>();  // (the output stores are done)
-}
-
-template <class T, int NK>
-void launch_ws_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map, int64_t walks,
-                     cudaStream_t stream) {
-  auto kernel = fused_walk_ws_kernel<T, NK>;
-  constexpr int smem = WsLayout<T, NK>::kBytes;
-  static_assert(smem <= 227 * 1024, "shared memory of the specialised walk");
-  static bool attr_set = false;
-  if (!attr_set) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(fused_walk specialised)");
-    attr_set = true;
-  }
-  const dim3 grid(1, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
-  launch_kernel(kernel, grid, dim3(3 * kThreads), smem, stream, false, 1, "launch fused_walk (specialised)", p, maps,
-                out_map);
-}
-
 template <class T, int NK, int kRanks, int kCtas, int kWGs = (NK == 4 ? 2 : 1)>
 void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map, bool out_tma,
                   int64_t walks, cudaStream_t stream) {
@@ -1023,8 +566,7 @@ void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_
                          "without seq_idx and a 16-bit output without z that the TMA can store, got dstate " +
                          std::to_string(p.dstate) + ", chunk " + std::to_string(p.chunk));
     }
-    if (p.fp16) launch_ws_typed<cutlass::half_t, 2>(p, maps, out_map, walks, stream);
-    else launch_ws_typed<cutlass::bfloat16_t, 2>(p, maps, out_map, walks, stream);
+    launch_fused_walk_specialized(p, maps, out_map, walks, stream);
     return;
   }
   if (two_wgs) {  // (dstate <= 64 too: the second warpgroup's columns are past dstate, zeros)
