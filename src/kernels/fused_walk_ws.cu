@@ -17,14 +17,15 @@ using namespace chunk_out;
 using namespace fused_walk_parts;
 namespace st = state_tile;
 
-// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate <= 128, chunks of 128,
+// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate 65-128, chunks of 128,
 // the batched layout without seq_idx, out by TMA stores. One CTA of three warpgroups per SM.
 // Warpgroup 0 holds the state: it writes H_s and the chunk's e_s (in place of dt'), scales and
-// updates H, stores the chunk states and issues the loads. Warpgroups 1 and 2 compute the output: block (c + w) % 2 of chunk c for
-// warpgroup 1 + w, so each takes block 1 (about twice block 0's work) every other chunk. The
-// chunk buffer and H_s have two slots each: the next chunk's tiles land and the state runs up to a
-// chunk ahead while this chunk's output is computed; the walk's only chain is H's update. The
-// output warpgroups take the registers the state one does not need (setmaxnreg).
+// updates H, stores the chunk states and issues the loads. Warpgroups 1 and 2 compute the
+// output: block (c + w) % 2 of chunk c for warpgroup 1 + w, so each takes block 1 (about twice
+// block 0's work) every other chunk. The chunk buffer and H_s have two slots each: the next
+// chunk's tiles land and the state runs up to a chunk ahead while this chunk's output is
+// computed; the walk's only chain is H's update. The output warpgroups take the registers the
+// state one does not need (setmaxnreg).
 constexpr int kWsStateRegs = 144, kWsOutRegs = 176;  // 144 + 2 x 176 <= 3 x 168 (64K per SM)
 
 template <class T, int NK>
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       }
       __syncwarp();
       const char* buf = slot_of(c_rel);
-      tma::mbar_wait(full + (c_rel & 1), ph);
+      tma::mbar_wait(full + (c_rel & 1), ph);  // (passed above; the slot stays until this warpgroup frees it)
       warpgroup_fence_operand(hacc);
 #pragma unroll
       for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= carry;
