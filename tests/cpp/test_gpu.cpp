@@ -452,9 +452,10 @@ TEST(Gpu, FusedWalk) {
   // fused_walk's variants, each case asserting that it still selects its variant on this GPU:
   // three CTAs per SM at dstate 64 (1 row x 32 heads in 12 segments: 384 CTAs), bf16 with seq_idx
   // and z, and fp16 in chunks of 64; two warpgroups at dstate 96 (the second one's last 32
-  // columns past dstate) with seq_idx and z in 3 segments (the cases above at dstate 128 of up to
-  // one CTA per SM run it too); one warpgroup, two CTAs per SM, at dstate 64 and 128 (1 row x 32
-  // heads x 5 segments: 160 CTAs).
+  // columns past dstate) with seq_idx and z in 3 segments; one warpgroup, two CTAs per SM, at
+  // dstate 64, and at 128 with seq_idx and z (1 row x 32 heads x 5 segments: 160 CTAs); the
+  // specialised kernel (dstate 65-128 without seq_idx or z; many cases above run it too) at
+  // dstate 128 in 160 CTAs and in 16, and in fp16 at dstate 112 with a partial last chunk.
   using V = kernels::FusedWalkVariant;
   struct Variant {
     DType dtype;
