@@ -178,12 +178,18 @@ bool read_file(const std::string& path, std::string& text) {
 
 }  // namespace
 
+// The kernels' revision (the design log's version) in every key: raised when a kernel change makes
+// settings tuned before it stale, so that a cache filled by an earlier build is not applied to the
+// new kernels (v24: the specialised fused_walk runs one CTA per SM and pays at other segment counts).
+constexpr int kKernelRevision = 24;
+
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {
   const bool varlen = p.layout == Layout::kVarlen;
   const int64_t walks = varlen ? s.nseq : s.batch;
   const int64_t tokens_per_walk = walks > 0 ? (s.batch * s.seqlen + walks - 1) / walks : 0;
   auto n = [](int64_t v) { return std::to_string(v); };
-  std::string k = clean_name(dev.name) + "|sm" + n(dev.sm_count) + "|" + dtype_tag(s.compute_dtype) +
+  std::string k = "k" + n(kKernelRevision) + "|" + clean_name(dev.name) + "|sm" + n(dev.sm_count) + "|" +
+                  dtype_tag(s.compute_dtype) +
                   "|st=" + dtype_tag(s.state_dtype) + "|p" + n(s.headdim) + "|n" + n(s.dstate) + "|q" +
                   n(p.chunk_size) + "|g" + n(s.ngroups) + "|h" + n(s.nheads) + "|w" + n(bucket_walks(walks)) +
                   "|l" + n(pow2_ceil(std::max<int64_t>(tokens_per_walk, 1)));
