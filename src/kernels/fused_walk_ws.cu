@@ -19,11 +19,13 @@ namespace st = state_tile;
 
 // ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate 65-128, chunks of 128,
 // the batched layout without seq_idx, out by TMA stores. One CTA of three warpgroups per SM.
-// Warpgroup 0 holds the state: it writes H_s and the chunk's e_s (in place of dt'), scales and
-// updates H, stores the chunk states and issues the loads. Warpgroups 1 and 2 compute the
-// output: block (c + w) % 2 of chunk c for warpgroup 1 + w, so each takes block 1 (about twice
-// block 0's work) every other chunk. The chunk buffer and H_s have two slots each: the next
-// chunk's tiles land and the state runs up to a chunk ahead while this chunk's output is
+// Warpgroup 0 holds the state: it writes the chunk's e_s (in place of dt'), updates H with each
+// 64-token block in turn and writes H_s twice per chunk, the state entering it (start) and the
+// state after block 0 (mid); it stores the chunk states and issues the loads. Warpgroup 1 + m
+// computes block m's output of every chunk from H_s(start) or H_s(mid): block 1 then needs no
+// C_1 B_0^T and S_10 X_0 (a sixth less tensor work per chunk than from H_s(start) alone, and one
+// wait fewer on its chain), and the two blocks cost the same. The chunk buffer has two slots:
+// the next chunk's tiles land and the state runs up to a chunk ahead while this chunk's output is
 // computed; the walk's only chain is H's update. The output warpgroups take the registers the
 // state one does not need (setmaxnreg).
 constexpr int kWsStateRegs = 144, kWsOutRegs = 176;  // 144 + 2 x 176 <= 3 x 168 (64K per SM)
@@ -144,58 +146,79 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));
     const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
     float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
+    // The update H = H * s + (X_mu * w)^T B_mu with block mu's tokens (w: the weights' array of
+    // block mu, from registers through the transposing ldmatrix; issued and waited for).
+    auto update = [&](const char* buf, int mu, float s) {
+      warpgroup_fence_operand(hacc);
+#pragma unroll
+      for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= s;
+      Tensor sX = make_tensor(
+          make_smem_ptr(reinterpret_cast<const T*>(buf + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
+          typename Tr::LayoutX{});
+      Tensor dst = thr_x_copy.retile_D(xw);
+      copy(x_copy, thr_x_copy.partition_S(sX), dst);
+      const float* w_m = cum_of(buf) + 2 * q + mu * kM;
+#pragma unroll
+      for (int e = 0; e < decltype(size(xw))::value; ++e) {
+        xw(e) = from_float<T>(to_float<T>(xw(e)) * w_m[get<1>(x_tok(e))]);
+      }
+      Tensor sBn = make_tensor(
+          make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * F::kBlockBytes + NK * F::kSlice)),
+          typename F::LayoutBn{});
+      warpgroup_fence_operand(xw);
+      warpgroup_fence_operand(hacc);
+      warpgroup_arrive();
+      wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(hacc);
+    };
+    // H_s slot k = H in the compute type, once both output warpgroups' C H^T have read the slot's
+    // previous copy (phase: the chunk's parity).
+    auto write_hs = [&](int k, uint32_t hph) {
+      tma::mbar_wait(hs_empty + k, hph ^ 1u);
+      store_state_copy<T, 1>(hacc, hs_of(k), lane);
+      fence_async_shared();
+    };
 #pragma unroll 1
     for (int c_rel = 0; c_rel < n_local; ++c_rel) {
       const int64_t c = c_begin + c_rel;
-      const uint32_t ph = (c_rel >> 1) & 1u;
+      const uint32_t ph = (c_rel >> 1) & 1u, hph = c_rel & 1u;
       const float carry = carry_next;
       if (c_rel + 1 < n_local) carry_next = carry_walk[c + 1];
-      // H_s(c) = H in the compute type, once chunk c - 2's output has read its slot
-      tma::mbar_wait(hs_empty + (c_rel & 1), ph ^ 1u);
-      store_state_copy<T, 1>(hacc, hs_of(c_rel), lane);
-      fence_async_shared();
-      // e_s = cum_s - log2(dt'_s) in place of dt' (a_grows: cum taken as 0), for the output
-      // warpgroups, which read it once H_s is signalled (0.7-0.9% faster than each output
-      // warpgroup computing its own copy, v24)
-      float* meta = const_cast<float*>(cum_of(slot_of(c_rel)));
+      const char* buf = slot_of(c_rel);
+      float* meta = const_cast<float*>(cum_of(buf));
+      // ---- H_s(start): the state entering the chunk, for block 0's output
+      write_hs(0, hph);
+      // e_s = cum_s - log2(dt'_s) in place of dt' (a_grows: cum taken as 0) for the output
+      // warpgroups (0.7-0.9% faster than each output warpgroup computing its own copy, v24), and
+      // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
+      // (a_grows: w = dt' stays, see below)
       tma::mbar_wait(full + (c_rel & 1), ph);
-      meta[q + wtid] = (a_grows ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
-      tma::mbar_arrive(hs_full + (c_rel & 1));
-      // Chunk c + 1 into the slot of chunk c - 1 once every warp is done with that one.
+      {
+        const float e = (a_grows ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
+        meta[q + wtid] = e;
+        if (!a_grows && wtid < kM) meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+      }
+      tma::mbar_arrive(hs_full);
+      named_barrier_sync(1, kThreads);  // (block 0's weights written)
+      // ---- H at the middle of the chunk: H * exp2(cum_63) + block 0's tokens. a_grows: the
+      // decays within a chunk are clamped at 1 (mamba_ssm), which the split cannot express: H *
+      // carry + every token with w = dt', and block 1's output works from H_s(start) (see below).
+      const float cum_mid = meta[kM - 1];
+      update(buf, 0, a_grows ? carry : fast_exp2(cum_mid));
+      // ---- H_s(mid), for block 1's output
+      write_hs(1, hph);
+      tma::mbar_arrive(hs_full + 1);
+      // Chunk c + 1 into the slot of chunk c - 1 once every warp is done with that one. (Here,
+      // not before block 0's update: block 1's output warpgroup waits for H_s(mid), and its
+      // last chunk's release is what this waits for.)
       if (tid == 0 && c_rel >= 1 && c_rel + 1 < n_local) {
         tma::mbar_wait(empty + ((c_rel + 1) & 1), ((c_rel - 1) >> 1) & 1u);
         issue_chunk(c_rel + 1);
       }
       __syncwarp();
-      const char* buf = slot_of(c_rel);
-      tma::mbar_wait(full + (c_rel & 1), ph);  // (passed above; the slot stays until this warpgroup frees it)
-      warpgroup_fence_operand(hacc);
-#pragma unroll
-      for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= carry;
-      const float* s_w = cum_of(buf) + 2 * q;
-#pragma unroll 1
-      for (int mu = 0; mu < 2; ++mu) {
-        Tensor sX = make_tensor(
-            make_smem_ptr(reinterpret_cast<const T*>(buf + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
-            typename Tr::LayoutX{});
-        Tensor dst = thr_x_copy.retile_D(xw);
-        copy(x_copy, thr_x_copy.partition_S(sX), dst);
-        const float* w_m = s_w + mu * kM;
-#pragma unroll
-        for (int e = 0; e < decltype(size(xw))::value; ++e) {
-          xw(e) = from_float<T>(to_float<T>(xw(e)) * w_m[get<1>(x_tok(e))]);
-        }
-        Tensor sBn = make_tensor(
-            make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * F::kBlockBytes + NK * F::kSlice)),
-            typename F::LayoutBn{});
-        warpgroup_fence_operand(xw);
-        warpgroup_fence_operand(hacc);
-        warpgroup_arrive();
-        wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(hacc);
-      }
+      update(buf, 1, a_grows ? 1.0f : fast_exp2(meta[q - 1] - cum_mid));
       fence_async_shared();
       tma::mbar_arrive(empty + (c_rel & 1));
       if (p.states != nullptr) {
@@ -228,18 +251,22 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   constexpr int kCbVals = kM * kN / kThreads;
   const int ra = acc_row<3>(0), rb = acc_row<3>(2);
   const int row32 = static_cast<int>(walk.row), h32 = static_cast<int>(h);
+  // Block m = ow of every chunk, from H_s(start) (block 0) or H_s(mid) (block 1): S_mm X_m is the
+  // only term within the chunk. a_grows: block 1 from H_s(start), with S_10 X_0 (j_first 0).
+  const int m = ow;
+  const bool from_mid = m == 1 && !a_grows;
+  const int j_first = m == 1 && a_grows ? 0 : m;
 #pragma unroll 1
   for (int c_rel = 0; c_rel < n_local; ++c_rel) {
     const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
-    const uint32_t ph = (c_rel >> 1) & 1u;
-    const int m = (c_rel + ow) & 1;
+    const uint32_t ph = (c_rel >> 1) & 1u, hph = c_rel & 1u;
     char* buf = slot_of(c_rel);
     char* blk = buf + m * F::kBlockBytes;
     const float* s_cum = cum_of(buf);
     const float* s_e = s_cum + q;  // (e_s, written by the state warpgroup before H_s is signalled)
     tma::mbar_wait(full + (c_rel & 1), ph);
-    tma::mbar_wait(hs_full + (c_rel & 1), ph);
-    const char* s_h = hs_of(c_rel);
+    tma::mbar_wait(hs_full + (from_mid ? 1 : 0), hph);
+    const char* s_h = hs_of(from_mid ? 1 : 0);
     const int t0 = m * kM + ra, t1 = m * kM + rb;
     auto issue_cb = [&](int j) {
       wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutB>(mma_cb, thr_cb, blk,
@@ -249,9 +276,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     warpgroup_fence_operand(cb);
     warpgroup_arrive();
     wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk, s_h, acc);
-    issue_cb(0);
+    issue_cb(j_first);
     warpgroup_commit_batch();
-    const float ct0 = s_cum[t0], ct1 = s_cum[t1];
+    const float ct0 = s_cum[t0], ct1 = s_cum[t1], c_ref = from_mid ? s_cum[kM - 1] : 0.0f;
     // S_mj = C_m B_j^T * exp2(cum_t - e_s), s <= t on the diagonal block (as fused_walk_kernel)
     float decay[kCbVals];
     auto make_decay = [&](int j, auto masked) {
@@ -272,16 +299,21 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
                               typename Tr::LayoutX{});
       wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc, false);
     };
-    const float f0 = fast_exp2(ct0), f1 = fast_exp2(ct1);
-    decay_for(0);
+    const float f0 = fast_exp2(ct0 - c_ref), f1 = fast_exp2(ct1 - c_ref);
+    decay_for(j_first);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     warpgroup_fence_operand(cb);
-    tma::mbar_arrive(hs_empty + (c_rel & 1));  // (C H^T has read H_s)
+    // C H^T has read H_s: both warpgroups release both slots (so a_grows needs no other count),
+    // H_s(mid) first: the state warpgroup writes H_s(start) of the next chunk once every thread
+    // has released this one's, and the other warpgroup's next release of H_s(mid) must not
+    // precede this warpgroup's.
+    tma::mbar_arrive(hs_empty + 1);
+    tma::mbar_arrive(hs_empty + 0);
 #pragma unroll
     for (int v = 0; v < decltype(size(acc))::value; ++v) acc(v) *= ((v >> 1) & 1) ? f1 : f0;
 #pragma unroll 1
-    for (int j = 0; j < m; ++j) {
+    for (int j = j_first; j < m; ++j) {
       make_s();
       warpgroup_fence_operand(acc);
       warpgroup_fence_operand(cb);
