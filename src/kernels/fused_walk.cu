@@ -252,11 +252,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
         make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf_base) + mu * F::kBlockBytes +
                                            (NK + wg * F::kStateSlices) * F::kSlice)),
         typename F::LayoutBn{});
-    warpgroup_fence_operand(xw);
-    warpgroup_fence_operand(hacc);
-    warpgroup_arrive();
-    wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
-    warpgroup_commit_batch();
+    issue_update_wgmma(mma_up, thr_up, xw, sBn, hacc);
   };
   const int32_t* seq_row = p.seq_idx != nullptr ? p.seq_idx + walk.row * p.seq_sb : nullptr;
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);

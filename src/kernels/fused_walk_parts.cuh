@@ -114,6 +114,17 @@ __device__ __forceinline__ void wgmma_slices(Mma& mma, Thr& thr, const char* a, 
   }
 }
 
+// H += xw^T B over the update's operands, issued as one wgmma batch (xw, in registers, is read
+// until it completes; the caller waits).
+template <class Mma, class Thr, class XFrag, class SB, class Acc>
+__device__ __forceinline__ void issue_update_wgmma(Mma& mma, Thr& thr, XFrag& xw, const SB& sB, Acc& hacc) {
+  warpgroup_fence_operand(xw);
+  warpgroup_fence_operand(hacc);
+  warpgroup_arrive();
+  wgmma_k(mma, xw, thr.partition_fragment_B(sB), hacc, false);
+  warpgroup_commit_batch();
+}
+
 // The decays of S_mj = C_m B_j^T * exp2(cum_t - e_s) at a thread's values (rows t0, t1; the 16
 // columns 8 k + 2 (lane % 4), + 1 of block j, whose e_s start at e_j): where kMasked, 0 outside
 // lw <= s <= hi (column indices within block j; kLower: the lower bound applies, with seq_idx).

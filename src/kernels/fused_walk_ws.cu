@@ -165,11 +165,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       Tensor sBn = make_tensor(
           make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * F::kBlockBytes + NK * F::kSlice)),
           typename F::LayoutBn{});
-      warpgroup_fence_operand(xw);
-      warpgroup_fence_operand(hacc);
-      warpgroup_arrive();
-      wgmma_k(mma_up, xw, thr_up.partition_fragment_B(sBn), hacc, false);
-      warpgroup_commit_batch();
+      issue_update_wgmma(mma_up, thr_up, xw, sBn, hacc);
       warpgroup_wait<0>();
       warpgroup_fence_operand(hacc);
     };
