@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""A model of the mbarrier protocol of fused_walk's specialised kernel (src/kernels/fused_walk_ws.cu),
+checked for deadlock over every interleaving of its three warpgroups. No GPU needed.
+
+Each warpgroup is one actor whose program is the kernel's sequence of mbarrier waits, arrivals
+and load issues per chunk (its 128 threads' arrivals count as one arrival here; the kernel's
+per-thread order of the two H_s releases is argued in its comments). A TMA load lands at any
+later step. An mbarrier is a phase number k and the arrivals of phase k; a wait for parity p
+returns once k % 2 != p, as `mbarrier.try_wait.parity` does: a wait two phases behind never
+returns. Keep the programs below in step with the kernel when its synchronisation changes.
+
+  scripts/ws_barrier_model.py        # every case; exit status 1 if the kernel's protocol deadlocks
+
+The model found the hang that design log v25 describes: with A > 0 (a_grows) block 1 read
+H_s(start) and released H_s(mid) without waiting for it, so the output warpgroups could complete
+H_s(mid)'s phase before the state warpgroup's first wait for it.
+"""
+import sys
+from collections import deque
+
+# arrivals that complete a phase: the tiles (one TMA arrival), a chunk slot's release (three
+# warpgroups), H_s written (the state warpgroup), H_s read (both output warpgroups)
+NEED = {"full0": 1, "full1": 1, "empty0": 3, "empty1": 3, "hs_full0": 1, "hs_full1": 1, "hs_empty0": 2,
+        "hs_empty1": 2}
+NAMES = list(NEED)
+
+
+def state_program(n_chunks):
+    """Warpgroup 0: loads chunks 0 and 1, then per chunk H_s(start), H_s(mid), the refill of chunk
+    c + 1 into the slot of chunk c - 1, and the release of chunk c's slot."""
+    ops = [("issue", c) for c in range(min(2, n_chunks))]
+    for c in range(n_chunks):
+        ops += [("wait", "hs_empty0", (c & 1) ^ 1), ("wait", "full%d" % (c & 1), (c >> 1) & 1), ("arrive", "hs_full0"),
+                ("wait", "hs_empty1", (c & 1) ^ 1), ("arrive", "hs_full1")]
+        if 1 <= c < n_chunks - 1:
+            ops += [("wait", "empty%d" % ((c + 1) & 1), ((c - 1) >> 1) & 1), ("issue", c + 1)]
+        ops += [("arrive", "empty%d" % (c & 1))]
+    return ops
+
+
+def output_program(n_chunks, m, a_grows, block1_waits_mid):
+    """Warpgroup 1 + m: block m of every chunk. block1_waits_mid: the kernel since f94bdeb (block 1
+    waits for H_s(mid) whichever H_s it reads); False: the kernel of 0e3d67e."""
+    from_mid = m == 1 and not a_grows
+    ops = []
+    for c in range(n_chunks):
+        ops += [("wait", "full%d" % (c & 1), (c >> 1) & 1)]
+        if block1_waits_mid:
+            if m == 1:
+                ops += [("wait", "hs_full1", c & 1)]
+            if not from_mid:
+                ops += [("wait", "hs_full0", c & 1)]
+        else:
+            ops += [("wait", "hs_full1" if from_mid else "hs_full0", c & 1)]
+        ops += [("arrive", "hs_empty1"), ("arrive", "hs_empty0"), ("arrive", "empty%d" % (c & 1))]
+    return ops
+
+
+def find_deadlock(n_chunks, a_grows, block1_waits_mid=True):
+    """None if every interleaving finishes, else a description of a state where no actor can move."""
+    progs = [state_program(n_chunks)] + [output_program(n_chunks, m, a_grows, block1_waits_mid) for m in (0, 1)]
+    start = ((0, 0, 0), tuple((0, 0) for _ in NAMES), frozenset())  # program counters, barriers, loads in flight
+    seen = {start}
+    todo = deque([start])
+    while todo:
+        pcs, bars, loads = todo.popleft()
+        moves = []
+        for a, prog in enumerate(progs):
+            if pcs[a] == len(prog):
+                continue
+            op = prog[pcs[a]]
+            nb, nl = list(bars), set(loads)
+            if op[0] == "wait":
+                if bars[NAMES.index(op[1])][0] % 2 == op[2]:
+                    continue  # blocked
+            elif op[0] == "arrive":
+                i = NAMES.index(op[1])
+                k, count = nb[i]
+                nb[i] = (k + 1, 0) if count + 1 == NEED[op[1]] else (k, count + 1)
+            else:
+                nl.add(op[1] & 1)
+            npcs = list(pcs)
+            npcs[a] += 1
+            moves.append((tuple(npcs), tuple(nb), frozenset(nl)))
+        for slot in loads:  # a load in flight lands
+            nb = list(bars)
+            i = NAMES.index("full%d" % slot)
+            nb[i] = (nb[i][0] + 1, 0)
+            moves.append((pcs, tuple(nb), loads - {slot}))
+        if not moves and any(pcs[a] < len(p) for a, p in enumerate(progs)):
+            return "stuck at " + ", ".join(
+                "%s %s" % (who, progs[a][pcs[a]] if pcs[a] < len(progs[a]) else "done")
+                for a, who in enumerate(("state:", "block 0:", "block 1:")))
+        for nxt in moves:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return None
+
+
+def main():
+    bad = False
+    for n in (1, 2, 3, 4, 5):
+        for a_grows in (False, True):
+            for fixed in (True, False):
+                d = find_deadlock(n, a_grows, fixed)
+                print("chunks %d, A %s 0, %s: %s" % (n, ">" if a_grows else "<=", "kernel" if fixed else "0e3d67e",
+                                                     d or "no deadlock"))
+                bad |= fixed and d is not None
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
