@@ -39,17 +39,14 @@ def state_program(n_chunks):
 
 
 def output_program(n_chunks, m, a_grows, block1_waits_mid):
-    """Warpgroup 1 + m: block m of every chunk. block1_waits_mid: the kernel since f94bdeb (block 1
-    waits for H_s(mid) whichever H_s it reads); False: the kernel of 0e3d67e."""
+    """Warpgroup 1 + m: block m of every chunk. block1_waits_mid: the kernel now (block m waits for
+    H_s slot m, block 1 for H_s(mid) whichever H_s it reads); False: the kernel of 0e3d67e."""
     from_mid = m == 1 and not a_grows
     ops = []
     for c in range(n_chunks):
         ops += [("wait", "full%d" % (c & 1), (c >> 1) & 1)]
         if block1_waits_mid:
-            if m == 1:
-                ops += [("wait", "hs_full1", c & 1)]
-            if not from_mid:
-                ops += [("wait", "hs_full0", c & 1)]
+            ops += [("wait", "hs_full%d" % m, c & 1)]
         else:
             ops += [("wait", "hs_full1" if from_mid else "hs_full0", c & 1)]
         ops += [("arrive", "hs_empty1"), ("arrive", "hs_empty0"), ("arrive", "empty%d" % (c & 1))]

@@ -261,12 +261,12 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     const float* s_cum = cum_of(buf);
     const float* s_e = s_cum + q;  // (e_s, written by the state warpgroup before H_s is signalled)
     tma::mbar_wait(full + (c_rel & 1), ph);
-    // Block 1 waits for H_s(mid) with a_grows too, where it reads H_s(start): its release of
-    // H_s(mid) below must follow the state warpgroup's write of this chunk's. (Released earlier,
-    // both releases of two chunks could complete H_s(mid)'s phases before the state warpgroup
-    // waits for the first, and its parity wait would never return.)
-    if (m == 1) tma::mbar_wait(hs_full + 1, hph);
-    if (!from_mid) tma::mbar_wait(hs_full, hph);
+    // Block m waits for H_s slot m, block 1 with a_grows too, where it reads H_s(start) (written
+    // before H_s(mid), whose signal releases both): its release of H_s(mid) below must follow the
+    // state warpgroup's write of this chunk's. (Released earlier, the releases of two chunks could
+    // complete H_s(mid)'s phases before the state warpgroup waits for the first, and its parity
+    // wait would never return: scripts/ws_barrier_model.py.)
+    tma::mbar_wait(hs_full + m, hph);
     const char* s_h = hs_of(from_mid ? 1 : 0);
     const int t0 = m * kM + ra, t1 = m * kM + rb;
     auto issue_cb = [&](int j) {
