@@ -586,7 +586,8 @@ TEST(Gpu, ModelDecays) {
 // A > 0: the cumulative sums grow within a chunk. mamba_ssm (and the reference) clamp the decay
 // between two tokens of a chunk, exp(min(cum_t - cum_s, 0)), at 1 in S and in the state weights,
 // but not the state's, exp(cum_t). Both paths, fused_walk's variants (one warpgroup at dstate 64
-// and 128 with seq_idx and z, three CTAs per SM, two warpgroups, clusters), model-like dt.
+// and 128 with seq_idx and z, three CTAs per SM, two warpgroups, clusters, the specialised one),
+// model-like dt.
 TEST(Gpu, PositiveA) {
   SKIP_WITHOUT_GPU();
   int seed = 2000;
@@ -599,6 +600,9 @@ TEST(Gpu, PositiveA) {
                         Case{32, 64, 128, 3072 - 7, 12, 2, false}, Case{4, 256, 128, 1500, 3, 2, true},
                         Case{4, 512, 128, 900, 1, 2, false}, Case{4, 128, 128, 1500 + 3, 3, 1, true},
                         Case{4, 128, 128, 1500 + 3, 2, 2, false},
+                        // (the specialised kernel over 64 chunks: many chances for its A > 0
+                        // barrier protocol to go wrong, scripts/ws_barrier_model.py)
+                        Case{4, 128, 128, 8192, 1, 2, false},
                         Case{4, 256, 256, 1000, 1, 1, false}}) {
     ProblemConfig c = base_config();
     c.nheads = k.heads;
@@ -616,6 +620,10 @@ TEST(Gpu, PositiveA) {
     if (k.heads == 32) {
       ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, false,
                                                    kernels::FusedWalkVariant::kThreePerSm));
+    }
+    if (k.seqlen == 8192) {
+      ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, true,
+                                                   kernels::FusedWalkVariant::kSpecialized));
     }
     check_problem(c, "positive-A");
   }
