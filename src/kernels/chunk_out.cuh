@@ -308,6 +308,26 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
                : "memory");
 }
 
+// A 64 x 64 tile of 16-bit values in 128-byte rows with the 128-byte swizzle (the X tile's
+// layout) against a warpgroup's 64-row accumulator fragment, through ldmatrix / stmatrix x4:
+// x4 number i of a warp (its rows 16 w .. 16 w + 15) moves register r as the pair of fragment
+// values v = 8 i + 2 r, + 1 of the tile's 64 columns. Matrix j = lane / 8 of each x4: rows
+// 8 (j & 1) + lane % 8 of the warp's 16, 8-column group 2 i + (j >> 1).
+struct FragRows {
+  uint32_t row;  // shared address of the thread's row in `tile`
+  int cg_hi, sw;
+  template <int kWarpgroups>
+  __device__ __forceinline__ static FragRows at(const char* tile) {
+    const int lane = threadIdx.x % 32;
+    const int warp = kWarpgroups == 1 ? threadIdx.x / 32 : (threadIdx.x / 32) % 4;  // (within the warpgroup)
+    const int t = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7);
+    return {tma::smem_addr(tile) + t * 128, lane >> 4, lane & 7};
+  }
+  __device__ __forceinline__ uint32_t chunk(int i) const {
+    return row + static_cast<uint32_t>(((2 * i + cg_hi) ^ sw) << 4);
+  }
+};
+
 // The epilogue of one 64-token block by TMA store, where out is 16-bit, without z, and the
 // block's rows are all the caller's to write (rows past the tensor's end are not written):
 // out = acc + D x in registers (x read from the X tile in the accumulator's fragment layout),
@@ -320,17 +340,12 @@ __device__ __forceinline__ void epilogue_tma_store(AccFrag& acc, char* stage, co
                                                    bool has_d, const CUtensorMap* out_map, int tok, int h, int row) {
   const int lane = threadIdx.x % 32;
   const int warp = kWarpgroups == 1 ? threadIdx.x / 32 : (threadIdx.x / 32) % 4;  // (within the warpgroup)
-  // Matrix j = lane / 8 of each x4: rows 8 (j & 1) + lane % 8 of the warp's 16, 8-column group
-  // 2 i + (j >> 1): registers r0..r3 hold the values v = 8 i + 0/1, 8 i + 2/3, 8 i + 4/5, 8 i + 6/7.
-  const int t = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7);
-  const uint32_t x_row = tma::smem_addr(x_tile) + t * 128, s_row = tma::smem_addr(stage) + t * 128;
-  const int cg_hi = lane >> 4, sw = lane & 7;
+  const FragRows xs = FragRows::at<kWarpgroups>(x_tile), st = FragRows::at<kWarpgroups>(stage);
   warpgroup_fence_operand(acc);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t chunk = static_cast<uint32_t>(((2 * i + cg_hi) ^ sw) << 4);
     uint32_t xr[4];
-    ldmatrix_x4(x_row + chunk, xr);
+    ldmatrix_x4(xs.chunk(i), xr);
     uint32_t o[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -346,7 +361,7 @@ __device__ __forceinline__ void epilogue_tma_store(AccFrag& acc, char* stage, co
       const T pair[2] = {from_float<T>(y0), from_float<T>(y1)};
       o[r] = *reinterpret_cast<const uint32_t*>(pair);
     }
-    stmatrix_x4(s_row + chunk, o);
+    stmatrix_x4(st.chunk(i), o);
   }
   fence_async_shared();
   __syncwarp();
