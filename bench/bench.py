@@ -932,6 +932,63 @@ def build_cases(args):
     return cases
 
 
+# mamba_ssm's Triton autotuners key on chunk, headdim and dstate (and the arguments' dtypes), not
+# on the sequence: a key's first call picks the configs for every later shape. On a 1K shape the
+# kernels are as short as the gaps between their launches, which then decide the autotuner's
+# timing: two runs of the same benchmark (2026-11-30, v25 and v26) kept configs whose Triton times
+# at dstate 64 and 128 differed by 12-37% at every seqlen. So each key's first call is on the
+# largest case of that key up to TRITON_TUNE_TOKHEADS token-heads (dstate 128 there: ~2 ms).
+TRITON_TUNE_TOKHEADS = 1 << 21
+
+
+def triton_tune_key(case):
+    """The cases one Triton autotuning serves (options: which arguments are None)."""
+    return (case.q, case.p, case.n, case.dtype, tuple(sorted(case.options().items())))
+
+
+def triton_tune_cases(cases, cap=TRITON_TUNE_TOKHEADS):
+    """For each autotuning key, in order of first use: the largest case up to `cap` token-heads
+    (else the smallest)."""
+    groups = {}
+    for c in cases:
+        groups.setdefault(triton_tune_key(c), []).append(c)
+    picks = []
+    for cs in groups.values():
+        size = lambda c: c.b * c.l * c.h  # noqa: E731
+        under = [c for c in cs if size(c) <= cap]
+        picks.append(max(under, key=size) if under else min(cs, key=size))
+    return picks
+
+
+def tune_triton(ctx, cases):
+    """Runs Triton once on each autotuning key's tuning case (see TRITON_TUNE_TOKHEADS); returns
+    {case label: seconds of that call, or the error}."""
+    torch = ctx.torch
+    done = {}
+    for case in triton_tune_cases(cases):
+        if ctx.dead or ctx.over_time():
+            break
+        try:
+            gen = torch.Generator(device=ctx.dev)
+            gen.manual_seed(ctx.args.seed)
+            w = make_weights(ctx, case, gen)
+            s = make_set(ctx, case, gen)
+            ctx.sync()
+            t0 = time.perf_counter()
+            call_impl(ctx, "triton", case, s, w)
+            ctx.sync()
+            done[case.label()] = round(time.perf_counter() - t0, 2)
+            log(f"bench: Triton autotuned on {case.sweep} {case.label()} in {done[case.label()]:.1f} s")
+        except Exception as e:  # noqa: BLE001 - reported; the key then tunes on its first case
+            done[case.label()] = "error: " + short_exc(e)
+            log(f"bench: Triton tuning call on {case.label()} failed: {short_exc(e)}")
+            if not ctx.alive():
+                ctx.dead = f"CUDA context lost in Triton's tuning call on {case.label()}"
+        s = w = None
+        ctx.free()
+    return done
+
+
 def write_outputs(ctx, doc, final=False):
     out = ctx.args.out
     if not out:
@@ -1006,6 +1063,8 @@ def main(argv=None):
                                                                          type(None)))},
            "results": [], "breakdown": None}
     cases = build_cases(args)
+    if cases and "triton" in ctx.fns:
+        doc["meta"]["triton_tuned_on"] = tune_triton(ctx, cases)
     if cases:
         log(f"bench: {len(cases)} shapes; columns: Triton / ours GPU time per call (CUDA graph), speedup = "
             f"Triton / ours, eager time per call, roofline floor and % of it, rel. L2 error vs float64")

@@ -76,6 +76,12 @@ def run_lines(metas, ceils, sources):
             f"mamba_ssm {_v(ms.get('version'))} (Triton files from {_v(ms.get('found_by'))}); "
             f"`bench/bench.py {' '.join(m.get('argv') or [])}`"
             + (f"; {m['elapsed_s']:.0f} s" if isinstance(m.get("elapsed_s"), (int, float)) else ""))
+        tuned = m.get("triton_tuned_on")
+        out.append(
+            f"- **Triton's autotuning{'' if len(metas) == 1 else f' (run {i + 1})'}:** "
+            + ("before the sweeps, once per key (chunk, headdim, dstate, options) on " +
+               ", ".join(f"{k} ({v if isinstance(v, str) else f'{v:.0f} s'})" for k, v in tuned.items())
+               if tuned else "on each key's first shape (runs before 2026-11-30 v26)"))
         if c:
             out.append(
                 f"- **Ceilings{'' if len(metas) == 1 else f' (run {i + 1})'}** ({_v(c.get('source'))}): device copy "

@@ -51,6 +51,20 @@ def test_parse_args_and_cases():
     assert bench.parse_shape("4x64K,8,1,64,128,128") == (4, 65536, 8, 1, 64, 128, 128)
 
 
+def test_triton_tune_cases():
+    # Triton's autotuning per key (chunk, headdim, dstate, dtype, options): on its largest case up
+    # to 2M token-heads, in the order the keys are first used.
+    cases = bench.build_cases(bench.parse_args(["--sweep", "all"]))
+    picks = [(c.sweep, c.label()) for c in bench.triton_tune_cases(cases)]
+    assert picks == [("anchor", f"n{n} l64K") for n in (64, 128, 256, 512)] + [
+        ("tp", "2.7B/4 1x64K"), ("models", "8-group n64 8x4K")]
+    models = bench.build_cases(bench.parse_args(["--sweep", "models"]))
+    assert [c.label() for c in bench.triton_tune_cases(models)] == ["2.7B 1x8K", "8-group n64 8x4K"]
+    # over the cap only: the smallest
+    big = bench.build_cases(bench.parse_args(["--shape", "8,256K,80,1,64,128,256", "--shape", "4,256K,80,1,64,128,256"]))
+    assert [(c.b, c.l) for c in bench.triton_tune_cases(big)] == [(4, 262144)]
+
+
 def test_kernels_from_trace(tmp_path):
     ev = [
         {"ph": "X", "cat": "kernel", "name": "_chunk_scan_fwd_kernel", "dur": 10.0},
@@ -152,6 +166,9 @@ def test_whole_run_on_cpu(tmp_path):
         assert r1[impl]["err_out"] < 2e-3 and r1[impl]["err_final"] < 2e-3, r1[impl]
         assert r1[impl]["graph_ms"] > 0 and r1[impl]["eager_ms"] > 0
     assert r1["ours"]["poisoned_out"] is True
+    # one Triton autotuning key (same chunk, headdim, dstate and options): tuned on the larger shape
+    tuned = doc["meta"]["triton_tuned_on"]
+    assert list(tuned) == [r1["name"]] and isinstance(tuned[r1["name"]], float), tuned
     assert "planted failure" in r2["ours"]["error"] and r2["triton"]["err_out"] < 2e-3
     assert r1["speedup"] == pytest.approx(r1["triton"]["graph_ms"] / r1["ours"]["graph_ms"])
     assert doc["breakdown"]["triton"]["events"] and len(doc["breakdown"]["triton"]["events"]) == 5
