@@ -9,7 +9,7 @@ Per shape it measures, for each implementation:
     without an L2-resident working set;
   - eager time: median over batches of back-to-back calls from Python with
     torch.cuda.synchronize() around each batch (what a user without graphs sees per call);
-  - the first call's wall time (compilation / autotuning for a new shape class);
+  - the first call's wall time (compilation; Triton's autotuning runs before the sweeps);
   - the relative L2 error of `out` and of the final states against a float64 implementation of
     the chunked algorithm (bench/ref_f64.py) on the same inputs, where that is affordable;
 and the roofline floor of the shape (bench/roofline.py) from ceilings measured in the same run:
@@ -105,7 +105,7 @@ def model_case(b, l, h=80, g=1, p=64, n=128, q=256, tag="2.7B", sweep="models"):
 def build_sweep(name, quick=False):
     if name == "anchor":
         seqlens = ANCHOR_SEQLENS_QUICK if quick else ANCHOR_SEQLENS
-        # dstate outermost: Triton autotunes once per dstate, on the smallest shape.
+        # dstate outermost (Triton's autotuning per dstate runs before the sweeps: triton_tune_cases)
         return [anchor_case(l, n) for n in ANCHOR_DSTATES for l in seqlens]
     if name == "models":
         cs = [model_case(1, 2 * K), model_case(1, 8 * K), model_case(4, 8 * K), model_case(1, 64 * K),
