@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -30,6 +31,23 @@ void check_cuda(cudaError_t err, const char* what) {
 
 void throw_launch_error(const std::string& message) {
   throw Error(Error::Kind::kUnsupported, "", message);
+}
+
+void raise_smem_limit(const void* kernel, int bytes, bool max_carveout, const char* what) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), what);
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> limits;  // bytes set per (kernel, device)
+  std::lock_guard<std::mutex> lock(mutex);
+  int& set = limits[{kernel, device}];
+  if (bytes <= set) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  if (max_carveout) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared),
+               what);
+  }
+  set = bytes;
 }
 
 }  // namespace kernels

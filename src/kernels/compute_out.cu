@@ -498,12 +498,7 @@ void launch_typed(const SsdParams& p, int stages, const CtaFootprint& beside, co
   }
   stages = std::max(kMinStages, std::min(kMaxStages, stages));
   const int smem = smem_bytes<T, P, HB>(nk, p.chunk, stages);
-  static int attr_bytes = 0;  // per instantiation: raise the dynamic shared-memory limit when needed
-  if (smem > attr_bytes) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(compute_out)");
-    attr_bytes = smem;
-  }
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), smem, false, "cudaFuncSetAttribute(compute_out)");
   const int64_t slices = (p.heads_per_group + HB - 1) / HB;
   const int64_t blocks = p.batch * p.nchunks * (p.chunk / kM) * p.ngroups * slices;
   if (blocks == 0) return;

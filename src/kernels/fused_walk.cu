@@ -484,17 +484,8 @@ void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensor
                   int64_t walks, cudaStream_t stream) {
   auto kernel = fused_walk_kernel<T, NK, kRanks, kCtas, kWGs>;
   const int smem = fused_smem_bytes<T, NK, kRanks, kCtas, kWGs>(kWGs == 2 ? 128 : p.chunk);
-  static int attr_bytes = 0;  // per instantiation
-  if (smem > attr_bytes) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(fused_walk)");
-    if (kCtas == 3) {  // (three CTAs take all 228 KB of the SM's shared memory)
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared),
-                 "cudaFuncSetAttribute(fused_walk, carveout)");
-    }
-    attr_bytes = smem;
-  }
+  // (three CTAs take all 228 KB of the SM's shared memory: the largest carveout)
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), smem, kCtas == 3, "cudaFuncSetAttribute(fused_walk)");
   const dim3 grid(kRanks, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
   launch_kernel(kernel, grid, dim3(Fused<T, NK, kWGs>::kThreadsAll), smem, stream, false, kRanks,
                 kRanks == 1 ? "launch fused_walk" : "launch fused_walk (clusters of two)", p, maps, out_map, out_tma);

@@ -355,12 +355,7 @@ void launch_ws_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUten
   auto kernel = fused_walk_ws_kernel<T, NK>;
   constexpr int smem = WsLayout<T, NK>::kBytes;
   static_assert(smem <= 227 * 1024, "shared memory of the specialised walk");
-  static bool attr_set = false;
-  if (!attr_set) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(fused_walk specialised)");
-    attr_set = true;
-  }
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), smem, false, "cudaFuncSetAttribute(fused_walk specialised)");
   const dim3 grid(1, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
   launch_kernel(kernel, grid, dim3(3 * kThreads), smem, stream, false, 1, "launch fused_walk (specialised)", p, maps,
                 out_map);

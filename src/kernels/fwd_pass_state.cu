@@ -383,19 +383,13 @@ CtaFootprint footprint_typed() {
   return {pass_smem_bytes<T, NT, KS, kStages>() + 1024, regs};
 }
 
-// One kernel instantiation with its dynamic shared memory limit raised (once per instantiation;
-// cudaFuncSetAttribute is not a stream operation).
+// One kernel instantiation with its dynamic shared memory limit raised on the current device.
 template <class T, int NT, int KS, int kStages, bool kSumsOnly, bool kCumsum = false>
 auto prepared_kernel() {
   auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly, kCumsum>;
-  static bool attr_set = false;
-  if (!attr_set) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    pass_smem_bytes<T, NT, KS, kStages>() +
-                                        (kCumsum ? sums_cumsum_bytes<KS>(kSumsCumsumMaxChunks) : 0)),
-               "cudaFuncSetAttribute(fwd_pass_state)");
-    attr_set = true;
-  }
+  raise_smem_limit(reinterpret_cast<const void*>(kernel),
+                   pass_smem_bytes<T, NT, KS, kStages>() + (kCumsum ? sums_cumsum_bytes<KS>(kSumsCumsumMaxChunks) : 0),
+                   false, "cudaFuncSetAttribute(fwd_pass_state)");
   return kernel;
 }
 

@@ -15,6 +15,12 @@ void check_cuda(cudaError_t err, const char* what);
 // Throws mamba2_ssd::Error (kind kUnsupported) for a shape a single launch cannot cover.
 [[noreturn]] void throw_launch_error(const std::string& message);
 
+// Raises `kernel`'s dynamic shared-memory limit to at least `bytes` on the current device, and
+// where `max_carveout` asks for the largest shared-memory carveout. Both attributes belong to
+// the device that is current when they are set, so they are kept per (kernel, device): a process
+// that calls on a second GPU sets them there too. Safe to call from several host threads.
+void raise_smem_limit(const void* kernel, int bytes, bool max_carveout, const char* what);
+
 // Launches `kernel` on `stream`, where `early`, with programmatic dependent launch (see
 // pdl_wait_primary: it may start while the kernel before it runs), and on clusters of `cluster`
 // CTAs along x where cluster > 1. A driver that refuses the early start gets a plain launch

@@ -76,12 +76,7 @@ void launch_typed(const SsdParams& p, cudaStream_t stream) {
   using Tl = st::Tiles<T, kNT>;
   const int smem = kMaxSteps * Tl::kStageBytes + 1024;
   auto kernel = varlen_states_kernel<T>;
-  static bool attr_set = false;
-  if (!attr_set) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(varlen_states)");
-    attr_set = true;
-  }
+  raise_smem_limit(reinterpret_cast<const void*>(kernel), smem, false, "cudaFuncSetAttribute(varlen_states)");
   const int p_tiles = (p.headdim + st::kP - 1) / st::kP;
   const int n_tiles = (p.dstate + kNT - 1) / kNT;
   dim3 grid(p_tiles * n_tiles, p.nheads, p.nseq);

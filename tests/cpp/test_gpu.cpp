@@ -629,6 +629,40 @@ TEST(Gpu, PositiveA) {
   }
 }
 
+// The kernels' shared-memory limits are attributes of the device current when they are set
+// (kernels::raise_smem_limit keeps them per kernel and device): the same calls on two GPUs in
+// turn, each taking kernels over 48 KB of shared memory (the specialised fused_walk, 217 KB; the
+// one-warpgroup fused_walk at dstate 256 and 64, three per SM; fwd_pass_state with its segment
+// sums and compute_out; varlen_states). Skips on a machine of one GPU.
+TEST(Gpu, KernelAttributesOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  int count = 0;
+  CUDA_OK(cudaGetDeviceCount(&count));
+  if (count < 2) GTEST_SKIP() << "one GPU present: the per-device attributes need a second";
+  int seed = 9100;
+  for (int d = 0; d < 2; ++d) {
+    CUDA_OK(cudaSetDevice(d));
+    struct Case {
+      int64_t n, heads, seqlen;
+      int segments, fused;
+    };
+    for (const Case& k : {Case{128, 8, 4096, 2, 2}, Case{256, 4, 1500, 2, 2}, Case{64, 32, 2048, 4, 2},
+                          Case{128, 4, 1500, 3, 1}}) {
+      ProblemConfig c = base_config();
+      c.dstate = k.n;
+      c.nheads = k.heads;
+      c.seqlen = k.seqlen;
+      c.kernel_config = {0, 0, 0, k.segments, k.fused};
+      c.seed = ++seed;
+      check_problem(c, "device " + std::to_string(d));
+    }
+    ProblemConfig v = packed_sequences_config(128);
+    v.seed = ++seed;
+    check_problem(v, "device " + std::to_string(d) + ", cu_seqlens");
+  }
+  CUDA_OK(cudaSetDevice(0));
+}
+
 // chunk_cumsum's work in fused_walk's segment sums (SsdParams::sums_cumsum, segments of up to
 // kSumsCumsumMaxChunks chunks; each case asserts whether its shape takes it): segments of 1, 2 and
 // 4 chunks (the most: in 2 segments of one tile, the one sum CTA also does the last segment's 4)
