@@ -105,7 +105,7 @@ def model_case(b, l, h=80, g=1, p=64, n=128, q=256, tag="2.7B", sweep="models"):
 def build_sweep(name, quick=False):
     if name == "anchor":
         seqlens = ANCHOR_SEQLENS_QUICK if quick else ANCHOR_SEQLENS
-        # dstate outermost (Triton's autotuning per dstate runs before the sweeps: triton_tune_cases)
+        # dstate outermost (Triton's autotuning per dstate runs before the sweep's cases: tune_triton)
         return [anchor_case(l, n) for n in ANCHOR_DSTATES for l in seqlens]
     if name == "models":
         cs = [model_case(1, 2 * K), model_case(1, 8 * K), model_case(4, 8 * K), model_case(1, 64 * K),
@@ -937,8 +937,11 @@ def build_cases(args):
 # kernels are as short as the gaps between their launches, which then decide the autotuner's
 # timing: two runs of the same benchmark (2026-11-30, v25 and v26) kept configs whose Triton times
 # at dstate 64 and 128 differed by 12-37% at every seqlen. So each key's first call is on the
-# largest case of that key up to TRITON_TUNE_TOKHEADS token-heads (dstate 128 there: ~2 ms).
-TRITON_TUNE_TOKHEADS = 1 << 21
+# largest case of that key up to TRITON_TUNE_TOKHEADS token-heads (the anchor's 64K points, the
+# 2.7B layer's 4 x 8K). Sweeps tune apart: the model layers and the tensor-parallel slices share
+# a key, and the configs picked on one slice served the full layers 2-11% slower (v26), so the
+# autotuners' caches are emptied before each sweep's tuning calls.
+TRITON_TUNE_TOKHEADS = 3 << 20
 
 
 def triton_tune_key(case):
@@ -947,11 +950,11 @@ def triton_tune_key(case):
 
 
 def triton_tune_cases(cases, cap=TRITON_TUNE_TOKHEADS):
-    """For each autotuning key, in order of first use: the largest case up to `cap` token-heads
-    (else the smallest)."""
+    """For each autotuning key of each sweep, in order of first use: the largest case up to `cap`
+    token-heads (else the smallest)."""
     groups = {}
     for c in cases:
-        groups.setdefault(triton_tune_key(c), []).append(c)
+        groups.setdefault((c.sweep, triton_tune_key(c)), []).append(c)
     picks = []
     for cs in groups.values():
         size = lambda c: c.b * c.l * c.h  # noqa: E731
@@ -960,14 +963,31 @@ def triton_tune_cases(cases, cap=TRITON_TUNE_TOKHEADS):
     return picks
 
 
+def reset_triton_autotuners():
+    """Empties the configs chosen by the loaded mamba_ssm modules' Triton autotuners; returns how
+    many autotuners there were."""
+    n = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("mamba_ssm") or mod is None:
+            continue
+        for obj in list(vars(mod).values()):
+            if type(obj).__name__ == "Autotuner" and isinstance(getattr(obj, "cache", None), dict):
+                obj.cache.clear()
+                n += 1
+    return n
+
+
 def tune_triton(ctx, cases):
-    """Runs Triton once on each autotuning key's tuning case (see TRITON_TUNE_TOKHEADS); returns
-    {case label: seconds of that call, or the error}."""
+    """Runs Triton once on each autotuning key's tuning case of `cases` (one sweep; see
+    TRITON_TUNE_TOKHEADS) after emptying the autotuners' caches; returns {"sweep label": seconds
+    of that call, or the error}."""
     torch = ctx.torch
     done = {}
+    reset = reset_triton_autotuners()
     for case in triton_tune_cases(cases):
         if ctx.dead or ctx.over_time():
             break
+        name = f"{case.sweep} {case.label()}"
         try:
             gen = torch.Generator(device=ctx.dev)
             gen.manual_seed(ctx.args.seed)
@@ -977,13 +997,13 @@ def tune_triton(ctx, cases):
             t0 = time.perf_counter()
             call_impl(ctx, "triton", case, s, w)
             ctx.sync()
-            done[case.label()] = round(time.perf_counter() - t0, 2)
-            log(f"bench: Triton autotuned on {case.sweep} {case.label()} in {done[case.label()]:.1f} s")
+            done[name] = round(time.perf_counter() - t0, 2)
+            log(f"bench: Triton autotuned on {name} in {done[name]:.1f} s ({reset} autotuners emptied first)")
         except Exception as e:  # noqa: BLE001 - reported; the key then tunes on its first case
-            done[case.label()] = "error: " + short_exc(e)
-            log(f"bench: Triton tuning call on {case.label()} failed: {short_exc(e)}")
+            done[name] = "error: " + short_exc(e)
+            log(f"bench: Triton tuning call on {name} failed: {short_exc(e)}")
             if not ctx.alive():
-                ctx.dead = f"CUDA context lost in Triton's tuning call on {case.label()}"
+                ctx.dead = f"CUDA context lost in Triton's tuning call on {name}"
         s = w = None
         ctx.free()
     return done
@@ -1063,8 +1083,7 @@ def main(argv=None):
                                                                          type(None)))},
            "results": [], "breakdown": None}
     cases = build_cases(args)
-    if cases and "triton" in ctx.fns:
-        doc["meta"]["triton_tuned_on"] = tune_triton(ctx, cases)
+    tuned_sweep = None
     if cases:
         log(f"bench: {len(cases)} shapes; columns: Triton / ours GPU time per call (CUDA graph), speedup = "
             f"Triton / ours, eager time per call, roofline floor and % of it, rel. L2 error vs float64")
@@ -1077,6 +1096,11 @@ def main(argv=None):
             doc["results"].append(r)
             log(f"[{i:>2}/{len(cases)} {case.sweep}] {case.label():<22} skipped: {why}")
             continue
+        if "triton" in ctx.fns and case.sweep != tuned_sweep:
+            # (each sweep's Triton tuned on its own shapes, just before its cases)
+            tuned_sweep = case.sweep
+            doc["meta"].setdefault("triton_tuned_on", {}).update(
+                tune_triton(ctx, [c for c in cases if c.sweep == case.sweep]))
         r = run_case(ctx, case)
         doc["results"].append(r)
         log(progress_line(i, len(cases), r, ctx.elapsed()))

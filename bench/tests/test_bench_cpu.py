@@ -52,17 +52,39 @@ def test_parse_args_and_cases():
 
 
 def test_triton_tune_cases():
-    # Triton's autotuning per key (chunk, headdim, dstate, dtype, options): on its largest case up
-    # to 2M token-heads, in the order the keys are first used.
+    # Triton's autotuning per sweep and key (chunk, headdim, dstate, dtype, options): on its
+    # largest case up to 3M token-heads, in the order the keys are first used.
     cases = bench.build_cases(bench.parse_args(["--sweep", "all"]))
     picks = [(c.sweep, c.label()) for c in bench.triton_tune_cases(cases)]
-    assert picks == [("anchor", f"n{n} l64K") for n in (64, 128, 256, 512)] + [
-        ("tp", "2.7B/4 1x64K"), ("models", "8-group n64 8x4K")]
+    sweeps = [c.sweep for c in cases]
+    first_models, first_tp = sweeps.index("models"), sweeps.index("tp")
+    models_picks = [("models", "2.7B 4x8K"), ("models", "8-group n64 8x4K")]
+    tp_picks = [("tp", "2.7B/4 1x64K")]
+    assert picks == [("anchor", f"n{n} l64K") for n in (64, 128, 256, 512)] + (
+        models_picks + tp_picks if first_models < first_tp else tp_picks + models_picks)
     models = bench.build_cases(bench.parse_args(["--sweep", "models"]))
-    assert [c.label() for c in bench.triton_tune_cases(models)] == ["2.7B 1x8K", "8-group n64 8x4K"]
+    assert [c.label() for c in bench.triton_tune_cases(models)] == ["2.7B 4x8K", "8-group n64 8x4K"]
+    assert [c.label() for c in bench.triton_tune_cases(models, cap=1 << 20)] == ["2.7B 1x8K", "8-group n64 8x4K"]
     # over the cap only: the smallest
     big = bench.build_cases(bench.parse_args(["--shape", "8,256K,80,1,64,128,256", "--shape", "4,256K,80,1,64,128,256"]))
     assert [(c.b, c.l) for c in bench.triton_tune_cases(big)] == [(4, 262144)]
+
+
+def test_reset_triton_autotuners(monkeypatch):
+    # the configs of every Autotuner in a loaded mamba_ssm module are dropped, nothing else
+    import types
+
+    class Autotuner:
+        def __init__(self):
+            self.cache = {("key",): "config"}
+
+    mod, other = types.ModuleType("mamba_ssm.fake_ssd"), types.ModuleType("not_mamba")
+    mod.kernel, mod.plain = Autotuner(), {"a": 1}
+    other.kernel = Autotuner()
+    monkeypatch.setitem(sys.modules, "mamba_ssm.fake_ssd", mod)
+    monkeypatch.setitem(sys.modules, "not_mamba", other)
+    assert bench.reset_triton_autotuners() >= 1
+    assert mod.kernel.cache == {} and mod.plain == {"a": 1} and other.kernel.cache
 
 
 def test_kernels_from_trace(tmp_path):
@@ -168,7 +190,7 @@ def test_whole_run_on_cpu(tmp_path):
     assert r1["ours"]["poisoned_out"] is True
     # one Triton autotuning key (same chunk, headdim, dstate and options): tuned on the larger shape
     tuned = doc["meta"]["triton_tuned_on"]
-    assert list(tuned) == [r1["name"]] and isinstance(tuned[r1["name"]], float), tuned
+    assert list(tuned) == ["shape " + r1["name"]] and isinstance(tuned["shape " + r1["name"]], float), tuned
     assert "planted failure" in r2["ours"]["error"] and r2["triton"]["err_out"] < 2e-3
     assert r1["speedup"] == pytest.approx(r1["triton"]["graph_ms"] / r1["ours"]["graph_ms"])
     assert doc["breakdown"]["triton"]["events"] and len(doc["breakdown"]["triton"]["events"]) == 5
