@@ -147,10 +147,8 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 // 4 to 16 segments of at least 8 chunks (1 row x 8 heads, dstate 128, 64K tokens: 603 -> 256 us; 1 row
 // x 10 heads of the 2.7B layer, 64K: 546 -> 329 us). With more walks the call is bound by the
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
-// fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies and the
-// walks have at least 32 chunks (anchor dstate 64/128 from 4K tokens: 8-25% faster than the two
-// kernels), or at least 8 when they are few (v15) or dstate is above 128 (v16), with the segments
-// of fused_walk_segments.
+// fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies (but for
+// long walks at dstate 257-447, v27), with the segments of fused_walk_segments.
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
 // of that mode (2 where fused_walk applies).
 inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments,
@@ -182,19 +180,15 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   c.fused_walk = 1;
   const int64_t walk_heads = std::max<int64_t>(walks * s.nheads, 1);
   const int64_t chunks_per_walk = s.nchunks * s.batch / std::max<int64_t>(walks, 1);  // varlen: the mean
-  // fused_walk from 32 chunks per walk; from 8 where the walks are too few to fill the SMs with
-  // 64-column tiles (the two kernels' chain is then the call's length: anchor dstate 64 / 128 at
-  // 1K tokens, 25.5 / 27.1 us in the two kernels, 20.8 / 23.7 in fused_walk's 4 segments; 2.7B
-  // 1 x 2K, 160 such tiles: 69.7 us in the two kernels, 73.3 fused).
-  // Above dstate 128 (two warpgroups) from 8 chunks per walk: the two kernels move each 16-bit
-  // chunk state through global memory twice, twice as many bytes as at dstate 128 (anchor
-  // dstate 256 at 1K / 64K tokens: 35.1 / 1100 us in the two kernels, 28.2 / 890 in fused_walk).
-  // Above dstate 256 (two CTAs per walk, 256 columns each, whatever dstate is) from dstate 448:
-  // the two kernels' time grows with dstate, fused_walk's does not (anchor 16K tokens, v17: dstate
-  // 384 444 us in the two kernels, 493 fused; dstate 512 597 and 498; even near 430).
-  const bool fused_pays = s.dstate > 256   ? s.dstate >= 448 && chunks_per_walk >= 8
-                          : s.dstate > 128 ? chunks_per_walk >= 8
-                                           : chunks_per_walk >= 32 || (few_walks && chunks_per_walk >= 8);
+  // fused_walk wherever it applies, but for dstate 257-447 over long walks. Measured against
+  // the two kernels on the shapes where an older rule kept those (H200, 2026-11-30 v27, CLI graph
+  // replay, each in the segments below): 1.3-2.3x faster for dstate 64-128 from 1 to 24 chunks
+  // per walk (2.7B layer 1 x 2K 69.9 -> 45.8 us, 8 x 2K 471 -> 213; 64 rows x 128 tokens 239 ->
+  // 188; anchor dstate 64, 64 x 1K 191 -> 97), 2x for dstate 256 and 512 at 4 chunks, and dstate
+  // 320-448 up to 32 chunks (dstate 384, 16 x 2K 253 -> 211). The two kernels stay ahead only
+  // for dstate 384 over 128 chunks (4 x 16K: 445 against 458), where fused_walk's two CTAs per
+  // walk cost what they do at dstate 512 and the two kernels' time grows with dstate (v17).
+  const bool fused_pays = !(s.dstate > 256 && s.dstate < 448 && chunks_per_walk >= 64);
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;
     // (kSpecialized where the shape allows it; seq_idx, z or an fp32 output keep the others, whose

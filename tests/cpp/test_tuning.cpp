@@ -362,19 +362,27 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
   EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4).fused_walk, 2);
   // dstate 512: fused (two CTAs per walk) in 2 segments (128 CTAs; the fastest of 1-16 at 1K to
-  // 64K tokens, 2026-11-30 v17); dstate 384: the two kernels (fused costs what it does at 512)
+  // 64K tokens, 2026-11-30 v17); dstate 384: the two kernels over 64 chunks per walk (fused costs
+  // what it does at 512: 458 us against 445 at 4 x 16K), fused under them (16 x 2K: 211 against
+  // 253, v27)
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 2, 2}));
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).pass_state_segments, 2);
   EXPECT_EQ(pick(shape(1, 16384, 8, 1, 512), 1).pass_state_segments, 8);  // 156 us; 182 two kernels
   EXPECT_EQ(pick(shape(2, 8192, 32, 1, 512), 2).pass_state_segments, 1);  // 425 us; 571 two kernels
   EXPECT_EQ(pick(shape(4, 16384, 8, 1, 384), 4).fused_walk, 1);
-  // dstate 256: fused (two warpgroups, one CTA per SM) from 8 chunks per walk, in 4 segments
-  // (128 CTAs; the fastest of 1-16 at 4K, 16K and 64K on the H200, 2026-11-30 v16)
+  EXPECT_EQ(pick(shape(4, 8192, 8, 1, 384), 4).fused_walk, 1);
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 448), 4).fused_walk, 2);  // 130 us; 144 two kernels (v27)
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 320), 4).fused_walk, 2);  // 129 us; 137 two kernels (v27)
+  EXPECT_EQ(pick(shape(16, 2048, 8, 1, 384), 16).fused_walk, 2);
+  // dstate 256: fused (two warpgroups, one CTA per SM) at any length (16 x 512 tokens: 34.6 us
+  // against 70.4, v27), in 4 segments for 4 rows (128 CTAs; the fastest of 1-16 at 4K, 16K and
+  // 64K on the H200, 2026-11-30 v16)
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
   EXPECT_EQ(pick(shape(4, 16384, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 256), 4).fused_walk, 2);
-  EXPECT_EQ(pick(shape(4, 896, 8, 1, 256), 4).fused_walk, 1);
+  EXPECT_EQ(pick(shape(4, 896, 8, 1, 256), 4).fused_walk, 2);
+  EXPECT_EQ(pick(shape(16, 512, 8, 1, 256), 16), (KernelConfig{64, 2, 2, 1, 2}));
   EXPECT_EQ(pick(shape(1, 16384, 8, 1, 256), 1), (KernelConfig{32, 2, 2, 16, 2}));  // 83.8 us; 168 two kernels
   // dstate 64 with 128-token chunks: one head per compute_out CTA. Fused in 12 segments from 16K
   // tokens (384 CTAs: one wave of three per SM; 416 us at 64K against 452 in 8 segments with
@@ -382,21 +390,29 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 12, 2}));
   EXPECT_EQ(pick(shape(4, 16384, 8, 1, 64), 4).pass_state_segments, 12);
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 64), 4).pass_state_segments, 8);
-  // short walks, few of them (32 or 64 tiles of 64 columns): fused from 8 chunks on, in the
-  // model's segments (1K tokens: 8 of one chunk for dstate 64, 17.8 us against 18.9 in 4, and 4
-  // for dstate 128, where 8 of one warpgroup took 23.7 us against 21.0, H200 2026-11-30 v22);
-  // two kernels under 8 chunks
+  // short walks, few of them (32 or 64 tiles of 64 columns): fused, in the model's segments (1K
+  // tokens: 8 of one chunk for dstate 64, 17.8 us against 18.9 in 4, and 4 for dstate 128, where
+  // 8 of one warpgroup took 23.7 us against 21.0, H200 2026-11-30 v22); under 8 chunks too (4 x
+  // 768 tokens: 17.4 us against 23.3 in the two kernels, v27)
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2}));
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128), 4), (KernelConfig{32, 2, 1, 4, 2}));
-  EXPECT_EQ(pick(shape(4, 896, 8, 1, 64), 4).fused_walk, 1);
-  // a short sequence (the two kernels): one head per compute_out CTA (two would be under one wave)
-  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 384), 4).compute_out_heads_per_cta, 1);
+  EXPECT_EQ(pick(shape(4, 896, 8, 1, 64), 4).fused_walk, 2);
+  EXPECT_EQ(pick(shape(4, 768, 8, 1, 128), 4).fused_walk, 2);
+  // many short walks: fused (v27: 64 x 1K dstate 64, 97 us against 191; 64 x 256 tokens dstate
+  // 128, 47.5 against 83.1)
+  EXPECT_EQ(pick(shape(64, 1024, 8, 1, 64), 64).fused_walk, 2);
+  EXPECT_EQ(pick(shape(64, 256, 8, 1, 128), 64), (KernelConfig{64, 2, 2, 1, 2}));
+  // a short sequence in the two kernels (chunks of 256 with the chunk states returned): one head
+  // per compute_out CTA (two would be under one wave)
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128, 256), 4), (KernelConfig{32, 2, 1, 1, 1}));
   // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, 2 segments for 4
   // rows x 80 heads (the specialised kernel: 550 us; 532 in 1, 594 in 3, v24), 1 for 8 rows x 64
   // heads
   EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 2, 2}));
   EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64), 8), (KernelConfig{64, 2, 1, 1, 2}));
-  EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1).fused_walk, 1);  // 16 chunks
+  EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1), (KernelConfig{64, 2, 2, 1, 2}));  // 45.8 us; 69.9 two kernels (v27)
+  EXPECT_EQ(pick(shape(8, 2048, 80, 1, 128), 8).fused_walk, 2);  // 213 us; 471 two kernels (v27)
+  EXPECT_EQ(pick(shape(64, 128, 80, 1, 128), 64).fused_walk, 2);  // 188 us; 239 two kernels (v27)
   EXPECT_EQ(pick(shape(1, 8192, 80, 1, 128), 1).pass_state_segments, 3);  // 240 CTAs, not 13 x 80
   EXPECT_EQ(pick(shape(1, 65536, 80, 1, 128), 1).pass_state_segments, 8);  // 1.18 ms; 1.19 in 13 (v24)
   EXPECT_EQ(pick(shape(8, 4096, 80, 1, 128), 8).pass_state_segments, 1);  // 451 us; 548 in 2 (v24)
