@@ -9,7 +9,7 @@ Per shape it measures, for each implementation:
     without an L2-resident working set;
   - eager time: median over batches of back-to-back calls from Python with
     torch.cuda.synchronize() around each batch (what a user without graphs sees per call);
-  - the first call's wall time (compilation; Triton's autotuning runs before the sweeps);
+  - the first call's wall time (compilation; Triton's autotuning runs before each sweep);
   - the relative L2 error of `out` and of the final states against a float64 implementation of
     the chunked algorithm (bench/ref_f64.py) on the same inputs, where that is affordable;
 and the roofline floor of the shape (bench/roofline.py) from ceilings measured in the same run:

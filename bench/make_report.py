@@ -79,7 +79,7 @@ def run_lines(metas, ceils, sources):
         tuned = m.get("triton_tuned_on")
         out.append(
             f"- **Triton's autotuning{'' if len(metas) == 1 else f' (run {i + 1})'}:** "
-            + ("before the sweeps, once per key (chunk, headdim, dstate, options) on " +
+            + ("before each sweep, once per key (chunk, headdim, dstate, options) on " +
                ", ".join(f"{k} ({v if isinstance(v, str) else f'{v:.0f} s'})" for k, v in tuned.items())
                if tuned else "on each key's first shape (runs before 2026-11-30 v26)"))
         if c:
