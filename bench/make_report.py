@@ -158,9 +158,10 @@ METHOD = """\
   median per-call time over the batches: what a caller without CUDA graphs sees (launch cost
   included).
 - **First call**: wall time of the first call on a shape (compilation). Triton's autotuners key
-  on chunk, headdim and dstate, not the sequence: since v26 the benchmark runs them before the
-  sweeps, once per key on its largest shape up to 2M token-heads (the run lines above name them);
-  before, on each key's first shape, the 1K one in the anchor sweep.
+  on chunk, headdim and dstate, not the sequence: since v27 the benchmark runs them before each
+  sweep (caches emptied), once per key on the sweep's largest shape up to 3M token-heads (the run
+  lines above name them); in v26 once for all sweeps (up to 2M token-heads); before, on each
+  key's first shape, the 1K one in the anchor sweep.
 - **Error**: relative L2 norm `||got - ref|| / ||ref||` of `out` and of the final states against
   `bench/ref_f64.py`, the chunked algorithm of docs/SEMANTICS.md in float64 on the GPU, on the
   same bf16 inputs; only where batch x seqlen x heads <= 4M. Our output buffer is filled with NaN

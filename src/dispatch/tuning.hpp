@@ -181,13 +181,14 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   const int64_t walk_heads = std::max<int64_t>(walks * s.nheads, 1);
   const int64_t chunks_per_walk = s.nchunks * s.batch / std::max<int64_t>(walks, 1);  // varlen: the mean
   // fused_walk wherever it applies, but for dstate 257-447 over long walks. Measured against
-  // the two kernels on the shapes where an older rule kept those (H200, 2026-11-30 v27, CLI graph
-  // replay, each in the segments below): 1.3-2.3x faster for dstate 64-128 from 1 to 24 chunks
-  // per walk (2.7B layer 1 x 2K 69.9 -> 45.8 us, 8 x 2K 471 -> 213; 64 rows x 128 tokens 239 ->
-  // 188; anchor dstate 64, 64 x 1K 191 -> 97), 2x for dstate 256 and 512 at 4 chunks, and dstate
-  // 320-448 up to 32 chunks (dstate 384, 16 x 2K 253 -> 211). The two kernels stay ahead only
-  // for dstate 384 over 128 chunks (4 x 16K: 445 against 458), where fused_walk's two CTAs per
-  // walk cost what they do at dstate 512 and the two kernels' time grows with dstate (v17).
+  // the two kernels on 39 shapes, most of which an older rule gave the two kernels (H200,
+  // 2026-11-30 v27, CLI graph replay, each in the segments below): 1.27-2.25x faster for dstate
+  // 64-128 from 1 to 24 chunks per walk (2.7B layer 1 x 2K 69.9 -> 45.8 us, 8 x 2K 471 -> 213;
+  // 64 rows x 128 tokens 239 -> 188; anchor dstate 64, 64 x 1K 191 -> 97), 1.5-2.1x for dstate
+  // 192-512 at 2-8 chunks, 1.06-1.29x for dstate 320-448 at 4-32 chunks (dstate 384, 16 x 2K
+  // 253 -> 211). The two kernels stay ahead only for dstate 384 over 128 chunks (4 x 16K: 445
+  // against 458), where fused_walk's two CTAs per walk cost what they do at dstate 512 and the
+  // two kernels' time grows with dstate (v17).
   const bool fused_pays = !(s.dstate > 256 && s.dstate < 448 && chunks_per_walk >= 64);
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;

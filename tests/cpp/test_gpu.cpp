@@ -960,7 +960,7 @@ TEST(Gpu, PaddedStrides) {
 // - out, fused_walk: 3e-2 (measured 5.0e-3 to 1.2e-2 on the H200, v27). Its S takes
 //   exp2(cum_t - e_s), e_s = cum_s - log2 dt'_s, and here the in-chunk cumsum reaches -1e6, where
 //   e_s keeps log2 dt'_s only to about 0.03. Known limitation (docs/SEMANTICS.md); the exact form
-//   exp2((cum_t - cum_s) + log2 dt'_s) cost 1.5-10% of the call (design log v27). Model-like dt
+//   exp2((cum_t - cum_s) + log2 dt'_s) cost up to 10% of the call (design log v27). Model-like dt
 //   keep |cum| in the hundreds, where e_s is exact to 1e-5.
 // - final states: printed, not bounded: 1.7e-3 to 1.05e-2 (v27), the same with the exact form
 //   above, so not from it; not yet explained (the fp32 in-chunk cumsum at |cum| near 1e6, which
