@@ -130,6 +130,9 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   if (p.D != nullptr && tid < 64) s_d[tid] = p.D[h * p.D_sh + tid * p.D_sp];
   if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's mbarriers are initialised)
   else __syncthreads();
+  // Launched early (programmatic dependent launch) behind the segment sums or chunk_cumsum: what
+  // they write (cum, dt', w, carry, the sums) is read from here on.
+  pdl_wait_primary();
 
   // ---- producer (thread 0): chunk c_rel's tiles and weights into the buffer, one mbarrier per
   // block (the weights on block 0's). The weights' slot of chunk c_rel (two warpgroups: by parity):
@@ -487,7 +490,7 @@ void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensor
   // (three CTAs take all 228 KB of the SM's shared memory: the largest carveout)
   raise_smem_limit(reinterpret_cast<const void*>(kernel), smem, kCtas == 3, "cudaFuncSetAttribute(fused_walk)");
   const dim3 grid(kRanks, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
-  launch_kernel(kernel, grid, dim3(Fused<T, NK, kWGs>::kThreadsAll), smem, stream, false, kRanks,
+  launch_kernel(kernel, grid, dim3(Fused<T, NK, kWGs>::kThreadsAll), smem, stream, true, kRanks,
                 kRanks == 1 ? "launch fused_walk" : "launch fused_walk (clusters of two)", p, maps, out_map, out_tma);
 }
 

@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   }
   if (p.D != nullptr && tid < 64) s_d[tid] = p.D[h * p.D_sh + tid * p.D_sp];
   __syncthreads();
+  pdl_wait_primary();  // (launched early behind the segment sums or chunk_cumsum, see fused_walk_kernel)
   auto slot_of = [&](int c_rel) { return smem + (c_rel & 1) * L::kSlotBytes; };
   auto hs_of = [&](int c_rel) { return smem + L::kHs + (c_rel & 1) * L::kHsBytes; };
   auto cum_of = [&](const char* buf) { return reinterpret_cast<const float*>(buf + 2 * F::kBlockBytes); };
@@ -357,7 +358,7 @@ void launch_ws_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUten
   static_assert(smem <= 227 * 1024, "shared memory of the specialised walk");
   raise_smem_limit(reinterpret_cast<const void*>(kernel), smem, false, "cudaFuncSetAttribute(fused_walk specialised)");
   const dim3 grid(1, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
-  launch_kernel(kernel, grid, dim3(3 * kThreads), smem, stream, false, 1, "launch fused_walk (specialised)", p, maps,
+  launch_kernel(kernel, grid, dim3(3 * kThreads), smem, stream, true, 1, "launch fused_walk (specialised)", p, maps,
                 out_map);
 }
 
