@@ -24,6 +24,7 @@ template <int kPerLane>
 __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdParams p) {
   const int64_t g = blockIdx.x;
   const int64_t row = blockIdx.y;
+  pdl_wait_primary();  // (launched early behind the stream's previous kernel: see launch_kernel)
   if (p.ready != nullptr) {
     // Reset the progress counters of fwd_pass_state (every CTA takes a share).
     const int64_t n = (p.varlen ? p.nseq : p.batch) * p.nheads * p.nseg * p.ready_tiles;
@@ -52,12 +53,8 @@ void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream) {
   // One warp per (chunk, row, head): enough CTAs to fill the GPU even for a single row.
   dim3 grid(static_cast<unsigned>(p.nchunks), static_cast<unsigned>(p.batch),
             static_cast<unsigned>((p.nheads + kWarps - 1) / kWarps));
-  switch (p.chunk) {
-    case 64: chunk_cumsum_kernel<2><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    case 128: chunk_cumsum_kernel<4><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    default: chunk_cumsum_kernel<8><<<grid, kWarps * 32, 0, stream>>>(p); break;
-  }
-  check_cuda(cudaGetLastError(), "launch chunk_cumsum");
+  auto kernel = p.chunk == 64 ? chunk_cumsum_kernel<2> : p.chunk == 128 ? chunk_cumsum_kernel<4> : chunk_cumsum_kernel<8>;
+  launch_kernel(kernel, grid, dim3(kWarps * 32), 0, stream, true, 1, "launch chunk_cumsum", p);
 }
 
 }  // namespace mamba2_ssd::kernels

@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(kThreads) chunk_offsets_kernel(const SsdParams
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ int32_t carry;
+  pdl_wait_primary();  // (launched early behind the stream's previous kernel: see launch_kernel)
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
   for (int base = 0; base < p.nseq; base += kThreads) {
@@ -38,8 +39,7 @@ __global__ void __launch_bounds__(kThreads) chunk_offsets_kernel(const SsdParams
 }  // namespace
 
 void launch_chunk_offsets(const SsdParams& p, cudaStream_t stream) {
-  chunk_offsets_kernel<<<1, kThreads, 0, stream>>>(p);
-  check_cuda(cudaGetLastError(), "launch chunk_offsets");
+  launch_kernel(chunk_offsets_kernel, dim3(1), dim3(kThreads), 0, stream, true, 1, "launch chunk_offsets", p);
 }
 
 }  // namespace mamba2_ssd::kernels

@@ -10,6 +10,7 @@ namespace {
 __global__ void convert_to_bf16_kernel(const float* __restrict__ src, int64_t d1, int64_t d2, int64_t s0,
                                        int64_t s1, int64_t s2, int64_t inner, int64_t total4,
                                        __nv_bfloat16* __restrict__ dst) {
+  pdl_wait_primary();  // (launched early behind the stream's previous kernel: see launch_kernel)
   for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total4; v += (int64_t)gridDim.x * blockDim.x) {
     const int64_t e = v * 4;
     int64_t r = e / inner;
@@ -33,9 +34,8 @@ void launch_convert_to_bf16(const float* src, int64_t d0, int64_t d1, int64_t d2
   const int threads = 256;
   const int64_t want = (total4 + threads - 1) / threads;
   const unsigned blocks = static_cast<unsigned>(want < 132 * 16 ? want : 132 * 16);
-  convert_to_bf16_kernel<<<blocks, threads, 0, stream>>>(src, d1, d2, s0, s1, s2, inner, total4,
-                                                         static_cast<__nv_bfloat16*>(dst));
-  check_cuda(cudaGetLastError(), "launch convert_to_bf16");
+  launch_kernel(convert_to_bf16_kernel, dim3(blocks), dim3(threads), 0, stream, true, 1, "launch convert_to_bf16", src,
+                d1, d2, s0, s1, s2, inner, total4, static_cast<__nv_bfloat16*>(dst));
 }
 
 }  // namespace mamba2_ssd::kernels

@@ -99,7 +99,10 @@ __global__ void __launch_bounds__(st::kThreads)
   // memory (LDS/STS for the weights and the B scaling instead of generic loads and stores).
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x;
-  // compute_out may start as soon as every CTA of this grid is resident (it waits on `ready`).
+  // Launched early behind the stream's previous kernel (see launch_kernel): its writes are read
+  // from here on. Only then may compute_out start (it waits on `ready`, which chunk_cumsum
+  // zeroes); fused_walk behind the segment sums waits for their end itself.
+  pdl_wait_primary();
   pdl_launch_dependents();
 
   const int n_tiles = (p.dstate + NT - 1) / NT;
@@ -437,8 +440,8 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
       smem += sums_cumsum_bytes<KS>(p.seg_chunks);
     }
     dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1)));
-    sums<<<grid_sums, st::kThreads, smem, stream>>>(p, maps);
-    check_cuda(cudaGetLastError(), "launch fwd_pass_state (segment sums)");
+    launch_kernel(sums, grid_sums, dim3(st::kThreads), smem, stream, true, 1, "launch fwd_pass_state (segment sums)", p,
+                  maps);
   }
   if constexpr (NT == 128) {
     return;  // (sums only)
@@ -446,8 +449,8 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
     if (sums_only) return;
     auto walk = prepared_kernel<T, NT, KS, kStages, false>();
     dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * p.nseg));
-    walk<<<grid, st::kThreads, pass_smem_bytes<T, NT, KS, kStages>(), stream>>>(p, maps);
-    check_cuda(cudaGetLastError(), "launch fwd_pass_state");
+    launch_kernel(walk, grid, dim3(st::kThreads), pass_smem_bytes<T, NT, KS, kStages>(), stream, true, 1,
+                  "launch fwd_pass_state", p, maps);
   }
 }
 

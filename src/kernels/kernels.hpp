@@ -24,7 +24,10 @@ void raise_smem_limit(const void* kernel, int bytes, bool max_carveout, const ch
 // Launches `kernel` on `stream`, where `early`, with programmatic dependent launch (see
 // pdl_wait_primary: it may start while the kernel before it runs), and on clusters of `cluster`
 // CTAs along x where cluster > 1. A driver that refuses the early start gets a plain launch
-// (the kernel's wait then returns at once).
+// (the kernel's wait then returns at once). Every kernel of the library is launched here, and
+// early but compute_out without progress counters: each early one waits (pdl_wait_primary)
+// before it reads or writes global memory, so the launch latency of the stream's next kernel,
+// ours or the caller's, overlaps the end of the one before.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream, bool early,
                    int cluster, const char* what, Args&&... args) {

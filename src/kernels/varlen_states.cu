@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(st::kThreads) varlen_states_kernel(const SsdPa
   using Tl = st::Tiles<T, kNT>;
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  pdl_wait_primary();  // (launched early behind the walk: see launch_kernel)
 
   const int n_tiles = (p.dstate + kNT - 1) / kNT;
   const int p0 = (blockIdx.x / n_tiles) * st::kP;
@@ -80,8 +81,7 @@ void launch_typed(const SsdParams& p, cudaStream_t stream) {
   const int p_tiles = (p.headdim + st::kP - 1) / st::kP;
   const int n_tiles = (p.dstate + kNT - 1) / kNT;
   dim3 grid(p_tiles * n_tiles, p.nheads, p.nseq);
-  kernel<<<grid, st::kThreads, smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "launch varlen_states");
+  launch_kernel(kernel, grid, dim3(st::kThreads), smem, stream, true, 1, "launch varlen_states", p);
 }
 
 }  // namespace
