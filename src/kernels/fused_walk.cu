@@ -14,6 +14,9 @@
 //            exponential; s <= t gives cum_t <= cum_s, 0 <= s < 64 on the diagonal block)
 //     out_m = (acc + D x) * silu(z)        (chunk_out::epilogue_tma_store or epilogue_heads)
 //     H   += (X_m * w)^T B_m                              (x scaled per token in registers)
+// In chunks of 128 without seq_idx and with A <= 0, most variants take block 1 from the state at
+// the middle of the chunk instead (H_s rewritten after block 0's update; see `mid`): no C_1 B_0^T
+// and S_10 X_0.
 // That is compute_out's output and fwd_pass_state's update for one head (see there for the
 // mask and the weights), without the chunk states' round trip through global memory (one store
 // and one load of every state) and without two kernels competing for the SMs.
@@ -218,13 +221,16 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   // exp2(cum_last - cum_t) dt'_t (0 on padding, where e is +inf), and 0 for a token of another
   // sequence than the chunk's last token (seq_count: the chunk's token count where seq_idx is
   // given, else 0), as chunk_cumsum computes it.
-  auto load_xw = [&](const char* buf_base, const float* s_wts, const float* s_w_base, int mu, int seq_count) {
+  // to_mid (block 0 where the walk goes through the middle of the chunk, see `mid`): weights
+  // exp2(cum_63 - e_t), to token 63 instead of the chunk's last token.
+  auto load_xw = [&](const char* buf_base, const float* s_wts, const float* s_w_base, int mu, int seq_count,
+                     bool to_mid) {
     Tensor sX = make_tensor(
         make_smem_ptr(reinterpret_cast<const T*>(buf_base + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
         typename Tr::LayoutX{});
     Tensor dst = thr_x_copy.retile_D(xw);
     copy(x_copy, thr_x_copy.partition_S(sX), dst);
-    if constexpr (weight_arrays<kCtas> == 3) {
+    if (weight_arrays<kCtas> == 3 && !to_mid) {
       const float* w_m = s_w_base + mu * kM;
 #pragma unroll
       for (int e = 0; e < decltype(size(xw))::value; ++e) {
@@ -232,7 +238,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       }
     } else {
       const float* e_m = s_wts + q + mu * kM;
-      const float last = a_grows ? 0.0f : s_wts[q - 1];  // (see a_grows)
+      const float last = a_grows ? 0.0f : s_wts[to_mid ? kM - 1 : q - 1];  // (see a_grows)
       auto scale = [&](auto with_seq) {
         const int32_t* seq_m = s_seq + mu * kM;
         const int32_t seq_last = with_seq ? s_seq[seq_count - 1] : 0;
@@ -244,7 +250,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
           xw(e) = from_float<T>(to_float<T>(xw(e)) * w);
         }
       };
-      if (seq_count > 0) scale(std::true_type{});
+      if (weight_arrays<kCtas> == 2 && seq_count > 0) scale(std::true_type{});
       else scale(std::false_type{});
     }
   };
@@ -269,7 +275,23 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   // Three CTAs per SM (NK = 1): the decays once C_m B_j^T has landed, not under its wgmma (their
   // registers would overlap S's and C B^T's in flight: 168 per thread were not enough).
   constexpr bool kLateDecay = kCtas == 3;
-  float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
+  // Block 1 from the state at the middle of the chunk (as the specialised kernel, v25): H is
+  // scaled by exp2(cum_63) and updated with block 0's tokens weighted to token 63, written over
+  // H_s once C_0 H_s^T is done with it (H_s(mid)), then scaled by exp2(cum_last - cum_63) before
+  // block 1's update. Block 1's output is C_1 H_s(mid)^T exp2(cum_t - cum_63) + S_11 X_1: no
+  // C_1 B_0^T and S_10 X_0. Not with seq_idx (a sequence may start inside the chunk) or A > 0
+  // (mamba_ssm's clamped decays), nor in chunks of 64: those take block 1 from H_s(start). Nor
+  // in the kernels where it did not pay (H200, v28): two CTAs of one warpgroup at dstate 64 (the
+  // 8-group layer 337.6 -> 343.0 us) and the clusters (dstate 512 at 16K 460.5 -> 464.0); three
+  // per SM at dstate 64 it took 3.6-3.8% off the anchor's 16K and 64K, dstate 256 1.4-1.7%.
+  constexpr bool kMidChunk = kCtas == 3 || (NK >= 2 && kRanks == 1);
+  const bool mid = kMidChunk && !a_grows && seq_row == nullptr && q == 2 * kM;
+  // The carry of the state into each chunk (exp2(cum_last), 0 with seq_idx where the chunk's last
+  // token starts a sequence): loaded a chunk ahead, off the chain, except with three CTAs per SM,
+  // where that register made the kernel spill: there from cum (A chunk's load at its start made
+  // calls with seq_idx 1.6-3% slower, v28.)
+  constexpr bool kCarryAhead = kCtas != 3;
+  float carry_next = kCarryAhead && n_local > 0 ? carry_walk[c_begin] : 0.0f;
 
 #pragma unroll 1
   for (int c_rel = 0; c_rel < n_local; ++c_rel) {
@@ -279,8 +301,13 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
     const float* s_cum = weights_at(c_rel);
     float* s_e = const_cast<float*>(s_cum) + q;  // dt' as loaded, then e_s (see the top)
     const float* s_w = s_cum + 2 * q;            // (weight_arrays 3)
-    const float carry = carry_next;
-    if (c_rel + 1 < n_local) carry_next = carry_walk[c + 1];  // a chunk ahead, off the chain
+    float carry_in = 0.0f;
+    if constexpr (kCarryAhead) {
+      carry_in = carry_next;
+      if (c_rel + 1 < n_local) carry_next = carry_walk[c + 1];
+    } else if (seq_row != nullptr) {
+      carry_in = carry_walk[c];
+    }
     int32_t seq_prev = 0;
     if (seq_row != nullptr) {
       // (one token per thread, q <= 128, and no loop: a divergent loop here made ptxas serialize
@@ -297,13 +324,28 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
     if (tid < q) s_e[tid] = (a_grows ? 0.0f : s_cum[tid]) - fast_log2(s_e[tid]);
     __syncthreads();  // H_s, s_seq and e_s written
     warpgroup_fence_operand(hacc);
+    // (cum_63 read from shared memory where used: kept in a register, it spilled at dstate 64)
+    const float carry_first = mid                                      ? fast_exp2(s_cum[kM - 1])
+                              : kCarryAhead || seq_row != nullptr ? carry_in
+                                                                  : fast_exp2(s_cum[q - 1]);
 #pragma unroll
-    for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= carry;
+    for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= carry_first;
     warpgroup_fence_operand(hacc);
+    // H_s(mid) over H_s (this warpgroup's slices), once block 0's update is done and no wgmma
+    // reads H_s(start) any more; then H scaled to the chunk's end.
+    auto store_mid = [&]() {
+      warpgroup_fence_operand(hacc);
+      store_state_copy<T, kWG>(hacc, s_h + wg * F::kStateSlices * F::kSlice, lane);
+      fence_async_shared();
+      const float rest = fast_exp2(s_cum[q - 1] - s_cum[kM - 1]);
+#pragma unroll
+      for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= rest;
+      warpgroup_fence_operand(hacc);
+    };
     // Two warpgroups: block 0's update first (it completes before the output's first wait
     // returns), block 1's after the output, as one warpgroup does each block's.
     if constexpr (F::kWarpgroups == 2) {
-      load_xw(buf, s_cum, s_w, 0, seq_row != nullptr ? ci.count : 0);
+      load_xw(buf, s_cum, s_w, 0, seq_row != nullptr ? ci.count : 0, mid);
       update_mma(buf, 0);
     }
 
@@ -319,6 +361,19 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       if (seq_row != nullptr) rs = row_sequences(s_seq, ci.count, t0, t1, seq_prev);
       const int lo0 = rs.lo0, lo1 = rs.lo1;
       const bool sees0 = rs.sees0, sees1 = rs.sees1;
+      const bool from_mid = mid && m == 1;
+      const int j_first = from_mid ? 1 : 0;
+      if (from_mid) {
+        // Block 0's update is done (one warpgroup: and C_0 H_s^T). Two warpgroups: warpgroup 0
+        // arrives at barrier 2 once its C_0 H_s^T is done, and at barrier 3 once its slices of
+        // H_s(mid) are written; one warpgroup: every warp past its waits, then the stores.
+        warpgroup_wait<0>();
+        if constexpr (kWG == 2) named_barrier_sync(2, 2 * kThreads);
+        else named_barrier_sync(2, kThreads);
+        store_mid();
+        if constexpr (kWG == 2) named_barrier_sync(3, 2 * kThreads);
+        else named_barrier_sync(3, kThreads);
+      }
 
       // ---- acc = (C_m H_s^T) * exp2(cum_t), and cb = C_m B_0^T in the same wgmma batch
       auto issue_cb = [&](int j) {
@@ -329,9 +384,9 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       warpgroup_fence_operand(cb);
       warpgroup_arrive();
       wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk, s_h, acc[0]);
-      issue_cb(0);
+      issue_cb(j_first);
       warpgroup_commit_batch();
-      const float ct0 = s_cum[t0], ct1 = s_cum[t1];
+      const float ct0 = s_cum[t0], ct1 = s_cum[t1], c_ref = from_mid ? s_cum[kM - 1] : 0.0f;
 
       // ---- acc += S_mj X_j for the blocks j <= m. S_mj = C_m B_j^T * L_mj, L_mj = exp2(cum_t -
       // e_s) where kept: lo_t <= s <= t (columns c of block j: s = 64 j + c), which blocks j < m
@@ -360,17 +415,25 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
                                 typename Tr::LayoutX{});
         wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[0], false);
       };
-      const float f0 = sees0 ? fast_exp2(ct0) : 0.0f;  // (under the wgmma; not clamped: see a_grows)
-      const float f1 = sees1 ? fast_exp2(ct1) : 0.0f;
-      if constexpr (!kLateDecay) decay_for(0);
+      const float f0 = sees0 ? fast_exp2(ct0 - c_ref) : 0.0f;  // (under the wgmma; not clamped: see a_grows)
+      const float f1 = sees1 ? fast_exp2(ct1 - c_ref) : 0.0f;
+      if constexpr (!kLateDecay) decay_for(j_first);
       warpgroup_wait<0>();  // (and the previous block's update)
       warpgroup_fence_operand(acc[0]);
       warpgroup_fence_operand(cb);
-      if constexpr (kLateDecay) decay_for(0);
+      if (kWG == 2 && mid && m == 0) {
+        // (warpgroup 0, its update of block 0 done too: see from_mid above. Barrier 4: all its
+        // warps are past their waits before any overwrites H_s.)
+        named_barrier_sync(4, kThreads);
+        named_barrier_arrive(2, 2 * kThreads);
+        store_mid();
+        named_barrier_arrive(3, 2 * kThreads);
+      }
+      if constexpr (kLateDecay) decay_for(j_first);
 #pragma unroll
       for (int v = 0; v < decltype(size(acc[0]))::value; ++v) acc[0](v) *= ((v >> 1) & 1) ? f1 : f0;
 #pragma unroll 1
-      for (int j = 0; j < m; ++j) {
+      for (int j = j_first; j < m; ++j) {
         make_s();
         warpgroup_fence_operand(acc[0]);
         warpgroup_fence_operand(cb);
@@ -399,7 +462,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
       const char* x_m = blk + 2 * NK * F::kSlice;
       const int m_up = F::kWarpgroups == 1 ? m : 1;  // (two warpgroups: block 1, see above)
       if (F::kWarpgroups == 2 && m == 0) tma::mbar_wait(bars + 1, parity);
-      load_xw(buf, s_cum, s_w, m_up, seq_row != nullptr ? ci.count : 0);
+      load_xw(buf, s_cum, s_w, m_up, seq_row != nullptr ? ci.count : 0, kWG == 1 && mid && m == 0);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc[0]);
 

@@ -451,7 +451,8 @@ TEST(Gpu, FusedWalk) {
   }
   // fused_walk's variants, each case asserting that it still selects its variant on this GPU:
   // three CTAs per SM at dstate 64 (1 row x 32 heads in 12 segments: 384 CTAs), bf16 with seq_idx
-  // and z, and fp16 in chunks of 64; two warpgroups at dstate 96 (the second one's last 32
+  // and z, fp16 in chunks of 64, and bf16 in chunks of 128 without either (block 1 from the state
+  // at the middle of the chunk); two warpgroups at dstate 96 (the second one's last 32
   // columns past dstate) with seq_idx and z in 3 segments; one warpgroup, two CTAs per SM, at
   // dstate 64, and at 128 with seq_idx and z (1 row x 32 heads x 5 segments: 160 CTAs); the
   // specialised kernel (dstate 65-128 without seq_idx or z; many cases above run it too) at
@@ -467,6 +468,7 @@ TEST(Gpu, FusedWalk) {
   const DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
   for (const Variant& v : {Variant{bf16, 1, 32, 64, 128, 3072 - 7, 12, {{1000, 1001, 2500}}, V::kThreePerSm},
                            Variant{fp16, 1, 32, 64, 64, 3072, 12, {}, V::kThreePerSm},
+                           Variant{bf16, 1, 32, 64, 128, 3072 - 7, 12, {}, V::kThreePerSm},
                            Variant{bf16, 2, 4, 96, 128, 1500, 3, {{700, 701}, {20}}, V::kTwoWarpgroups},
                            Variant{bf16, 1, 32, 64, 128, 2560 - 9, 5, {}, V::kOneWarpgroup},
                            Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {{1000, 1001}}, V::kOneWarpgroup},
