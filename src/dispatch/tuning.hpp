@@ -194,7 +194,7 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
     c.fused_walk = 2;
     // (kSpecialized where the shape allows it; seq_idx, z or an fp32 output keep the others, whose
     // segments this model then counts as the specialised one's)
-    const bool specialized = s.headdim == 64 && s.dstate > 64 && s.dstate <= 128 && s.chunk_size == 128 && s.nseq == 0;
+    const bool specialized = kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size, s.nseq == 0);
     const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,
                                                  max_segments, specialized);
     c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));

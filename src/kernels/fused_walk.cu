@@ -571,7 +571,7 @@ bool out_store_by_tma(const SsdParams& p) {
 }  // namespace
 
 bool fused_walk_specialized_supported(const SsdParams& p) {
-  return p.headdim == 64 && p.dstate > 64 && p.dstate <= 128 && p.chunk == 128 && !p.varlen && p.seq_idx == nullptr &&
+  return fused_walk_specialized_shape(p.headdim, p.dstate, p.chunk, !p.varlen) && p.seq_idx == nullptr &&
          out_store_by_tma(p);
 }
 

@@ -3,6 +3,8 @@
 // CUDA headers, so that the host-only tuning code and its tests can name them.
 #pragma once
 
+#include <cstdint>
+
 namespace mamba2_ssd::kernels {
 
 // kOneWarpgroup: two CTAs of one warpgroup per SM. kThreePerSm (dstate <= 64): three such CTAs per
@@ -13,6 +15,13 @@ namespace mamba2_ssd::kernels {
 // one CTA of three warpgroups per SM, one for the state and two for the output, and two chunk
 // buffers.
 enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups, kSpecialized };
+
+// The shape part of kSpecialized's condition, for the tuning model (from the problem's shape) and
+// the launch (fused_walk_specialized_supported, which adds what only the call's buffers say: no
+// seq_idx, an output the TMA can store).
+constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int64_t chunk, bool batched) {
+  return headdim == 64 && dstate > 64 && dstate <= 128 && chunk == 128 && batched;
+}
 
 // The longest segments whose sums also compute chunk_cumsum's outputs (SsdParams::sums_cumsum):
 // each of a sum CTA's four warps computes one of its chunks and at most one of the last
