@@ -281,10 +281,9 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   // block 1's update. Block 1's output is C_1 H_s(mid)^T exp2(cum_t - cum_63) + S_11 X_1: no
   // C_1 B_0^T and S_10 X_0. Not with seq_idx (a sequence may start inside the chunk) or A > 0
   // (mamba_ssm's clamped decays), nor in chunks of 64: those take block 1 from H_s(start). Nor
-  // in two CTAs of one warpgroup at dstate 64 and the clusters: with it (and the carry on the
-  // chain) they were 1-1.6% slower (8-group layer 337.6 -> 343.0 us, dstate 512 16K 460.5 ->
-  // 464.0), as without it, and it was not measured again with the carry ahead. Three per SM at
-  // dstate 64 it takes 4.3-4.7% off the anchor's 16K and 64K, at dstate 256 about 1% (v28).
+  // in two CTAs of one warpgroup at dstate 64 (the 8-group layer: 337.7 -> 338.0 us) and the
+  // clusters (dstate 512 16K: 460.2 -> 462.0, with seq_idx +2.1%). Three per SM at dstate 64 it
+  // takes 4.3-4.7% off the anchor's 16K and 64K, at dstate 256 about 1% (H200, v28).
   constexpr bool kMidChunk = kCtas == 3 || (NK >= 2 && kRanks == 1);
   const bool mid = kMidChunk && !a_grows && seq_row == nullptr && q == 2 * kM;
   // The carry of the state into each chunk (exp2(cum_last), 0 with seq_idx where the chunk's last
