@@ -407,6 +407,19 @@ def measure_ceilings(ctx):
     res["bf16_gemm_tflops"] = 2 * m ** 3 / (t * 1e-3) / 1e12
     res["gemm_shape"] = [m, m, m]
     del a_, b_, c_
+    # The host's speed, which the eager times follow (they are host-bound at short calls and vary
+    # up to 2x between machines of one kind): a one-element in-place add, back to back.
+    one = torch.zeros(1, device=ctx.dev)
+    times = []
+    for _ in range(7):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            one.add_(1.0)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)  # us per call
+    res["host_add_us"] = median(times)
+    del one
     ctx.free()
     return res
 

@@ -87,7 +87,10 @@ def run_lines(metas, ceils, sources):
                 f"- **Ceilings{'' if len(metas) == 1 else f' (run {i + 1})'}** ({_v(c.get('source'))}): device copy "
                 f"{rio.fmt(c.get('copy_gbps', 0) / 1e3 if c.get('copy_gbps') else None, '{:.2f}')} TB/s "
                 f"(bytes read + written, 1 GiB torch copy), bf16 GEMM "
-                f"{rio.fmt(c.get('bf16_gemm_tflops'), '{:.0f}')} TFLOP/s (torch.matmul 8192^3, random data).")
+                f"{rio.fmt(c.get('bf16_gemm_tflops'), '{:.0f}')} TFLOP/s (torch.matmul 8192^3, random data)"
+                + (f"; host: a one-element `Tensor.add_` takes {c['host_add_us']:.1f} us per call back to back "
+                   "(eager times at short calls follow the host's speed)"
+                   if isinstance(c.get("host_add_us"), (int, float)) else "") + ".")
     return out
 
 
