@@ -288,8 +288,9 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   const bool mid = kMidChunk && !a_grows && seq_row == nullptr && q == 2 * kM;
   // The carry of the state into each chunk (exp2(cum_last), 0 with seq_idx where the chunk's last
   // token starts a sequence): loaded a chunk ahead, off the chain, except with three CTAs per SM,
-  // where that register made the kernel spill: there from cum (A chunk's load at its start made
-  // calls with seq_idx 1.6-3% slower, v28.)
+  // where that register made the kernel spill: there exp2(cum_last) from cum, and with seq_idx the
+  // carry array at the chunk's start (dstate 64 with seq_idx 0.8% slower for it and the mid-chunk
+  // path's code, v28).
   constexpr bool kCarryAhead = kCtas != 3;
   float carry_next = kCarryAhead && n_local > 0 ? carry_walk[c_begin] : 0.0f;
 
