@@ -213,8 +213,6 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   // The update's A operand: X_m^T (p, token) in registers, and the token of each of its values.
   using XFrag = decltype(make_tensor<T>(partition_shape_A(mma_up, Shape<_64, Int<kM>>{})));
   XFrag xw;
-  auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma_up);
-  auto thr_x_copy = x_copy.get_slice(wtid);
   Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));  // (p, token) of each value
   // xw = X_mu^T * w (block mu of the buffer, tokens scaled by their state weights). s_wts: the
   // chunk's cum and e, s_w_base its w (weight_arrays 3). With two arrays w_t = exp2(cum_last - e_t) =
@@ -225,17 +223,9 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   // exp2(cum_63 - e_t), to token 63 instead of the chunk's last token.
   auto load_xw = [&](const char* buf_base, const float* s_wts, const float* s_w_base, int mu, int seq_count,
                      bool to_mid) {
-    Tensor sX = make_tensor(
-        make_smem_ptr(reinterpret_cast<const T*>(buf_base + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
-        typename Tr::LayoutX{});
-    Tensor dst = thr_x_copy.retile_D(xw);
-    copy(x_copy, thr_x_copy.partition_S(sX), dst);
+    load_xt<T>(mma_up, wtid, xw, buf_base + mu * F::kBlockBytes + 2 * NK * F::kSlice);
     if (weight_arrays<kCtas> == 3 && !to_mid) {
-      const float* w_m = s_w_base + mu * kM;
-#pragma unroll
-      for (int e = 0; e < decltype(size(xw))::value; ++e) {
-        xw(e) = from_float<T>(to_float<T>(xw(e)) * w_m[get<1>(x_tok(e))]);
-      }
+      scale_xt<T>(xw, x_tok, s_w_base + mu * kM);
     } else {
       const float* e_m = s_wts + q + mu * kM;
       const float last = a_grows ? 0.0f : s_wts[to_mid ? kM - 1 : q - 1];  // (see a_grows)

@@ -132,6 +132,26 @@ __device__ __forceinline__ void wgmma_slices(Mma& mma, Thr& thr, const char* a, 
   }
 }
 
+// The update's A operand xw = X^T (p, token) of a block's X tile (Traits::LayoutX) in registers,
+// by transposing ldmatrix (`mma`: the update's tiled MMA, whose A fragment xw is; `wtid`: the
+// thread in the warpgroup).
+template <class T, class Mma, class XFrag>
+__device__ __forceinline__ void load_xt(const Mma& mma, int wtid, XFrag& xw, const char* x_tile) {
+  auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma);
+  auto thr = x_copy.get_slice(wtid);
+  Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(x_tile)), typename Traits<T, 64>::LayoutX{});
+  Tensor dst = thr.retile_D(xw);
+  copy(x_copy, thr.partition_S(sX), dst);
+}
+
+// xw *= w[token] per value (x_tok: the (p, token) of each of xw's values; w: the block's state
+// weights).
+template <class T, class XFrag, class XTok>
+__device__ __forceinline__ void scale_xt(XFrag& xw, const XTok& x_tok, const float* w) {
+#pragma unroll
+  for (int e = 0; e < decltype(size(xw))::value; ++e) xw(e) = from_float<T>(to_float<T>(xw(e)) * w[get<1>(x_tok(e))]);
+}
+
 // H += xw^T B over the update's operands, issued as one wgmma batch (xw, in registers, is read
 // until it completes; the caller waits).
 template <class Mma, class Thr, class XFrag, class SB, class Acc>

@@ -145,8 +145,6 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     }
     using XFrag = decltype(make_tensor<T>(partition_shape_A(mma_up, Shape<_64, Int<kM>>{})));
     XFrag xw;
-    auto x_copy = make_tiled_copy_A(Copy_Atom<SM75_U16x8_LDSM_T, T>{}, mma_up);
-    auto thr_x_copy = x_copy.get_slice(wtid);
     Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));
     const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
     float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
@@ -156,16 +154,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       warpgroup_fence_operand(hacc);
 #pragma unroll
       for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= s;
-      Tensor sX = make_tensor(
-          make_smem_ptr(reinterpret_cast<const T*>(buf + mu * F::kBlockBytes + 2 * NK * F::kSlice)),
-          typename Tr::LayoutX{});
-      Tensor dst = thr_x_copy.retile_D(xw);
-      copy(x_copy, thr_x_copy.partition_S(sX), dst);
-      const float* w_m = cum_of(buf) + 2 * q + mu * kM;
-#pragma unroll
-      for (int e = 0; e < decltype(size(xw))::value; ++e) {
-        xw(e) = from_float<T>(to_float<T>(xw(e)) * w_m[get<1>(x_tok(e))]);
-      }
+      load_xt<T>(mma_up, wtid, xw, buf + mu * F::kBlockBytes + 2 * NK * F::kSlice);
+      scale_xt<T>(xw, x_tok, cum_of(buf) + 2 * q + mu * kM);
       Tensor sBn = make_tensor(
           make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * F::kBlockBytes + NK * F::kSlice)),
           typename F::LayoutBn{});
