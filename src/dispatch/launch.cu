@@ -160,6 +160,13 @@ KernelCall kernel_call(const ForwardParams& p, const ProblemShape& s) {
   return c;
 }
 
+// Whether the call's layout and options let fused_walk run its specialised kernel: what
+// kernels::fused_walk_specialized_supported checks of them, the output's alignment aside (a property
+// of the pointer, not of the call's class). The heuristic counts segments for the kernel that runs.
+bool specialized_options(const ForwardParams& p) {
+  return p.layout != Layout::kVarlen && !p.seq_idx.present() && !p.z.present() && p.out.dtype != DType::kFloat32;
+}
+
 // fused_walk stores chunk states in the workspace only for varlen_states in the batched layout
 // (the varlen_states kernel reads them).
 bool fused_needs_chunk_states(const ForwardParams& p) {
@@ -483,7 +490,7 @@ KernelConfig resolve_for(const KernelCall& call, std::string* source, std::strin
   }
   if (src.empty()) src = "heuristic";
   // (for a mode set above, the heuristic's settings of that mode)
-  c = fill_unset(c, heuristic_config(s, walk_count(p, s), dev.sm_count,
+  c = fill_unset(c, heuristic_config(s, walk_count(p, s), specialized_options(p), dev.sm_count,
                                      max_walk_segments(s, p.layout == Layout::kVarlen), c.fused_walk));
   if (source) *source = src;
   return c;
@@ -555,7 +562,7 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   const DeviceId dev = current_device_id();
   TuneResult r;
   r.key = make_tuning_key(dev, p, s);
-  r.heuristic = heuristic_config(s, walk_count(p, s), dev.sm_count, w.max_segments);
+  r.heuristic = heuristic_config(s, walk_count(p, s), specialized_options(p), dev.sm_count, w.max_segments);
   const kernels::SsdParams k = make_kernel_params(p, s, w, ws);
 
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
@@ -650,7 +657,8 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
     r.heuristic_ms = fused_best_ms;
   }
   // (the heuristic's settings for the two kernels, when it picked fused_walk)
-  const KernelConfig h2 = heuristic_config(s, walk_count(p, s), dev.sm_count, w.max_segments, 1);
+  const KernelConfig h2 =
+      heuristic_config(s, walk_count(p, s), specialized_options(p), dev.sm_count, w.max_segments, 1);
   const int hb_heur = h2.compute_out_heads_per_cta;
   std::vector<std::pair<int, int>> ps = {{h2.pass_state_dstate_tile, h2.pass_state_stages}};
   for (int nt : {32, 64}) {

@@ -149,10 +149,12 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
 // fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies (but for
 // long walks at dstate 257-447, v27), with the segments of fused_walk_segments.
+// walks: the rows (batched layout) or sequences (varlen); specialized_options: the call's layout
+// and options let fused_walk run its specialised kernel (specialized_options() in launch.cu);
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
 // of that mode (2 where fused_walk applies).
-inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int sm_count, int max_segments,
-                                     int fused_walk = 0) {
+inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, bool specialized_options, int sm_count,
+                                     int max_segments, int fused_walk = 0) {
   KernelConfig c;
   const int64_t p_tiles = (s.headdim + 63) / 64;
   const int64_t ctas64 = walks * s.nheads * p_tiles * ((s.dstate + 63) / 64);
@@ -192,9 +194,13 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, int s
   const bool fused_pays = !(s.dstate > 256 && s.dstate < 448 && chunks_per_walk >= 64);
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;
-    // (kSpecialized where the shape allows it; seq_idx, z or an fp32 output keep the others, whose
-    // segments this model then counts as the specialised one's)
-    const bool specialized = kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size, s.nseq == 0);
+    // (the segments of the kernel that runs: with seq_idx, z or an fp32 output the others run.
+    // Counted for them (16 / 8 / 8 segments at the anchor's 64K / 16K / 4K against 8 / 4 / 4),
+    // dstate 128 calls with seq_idx were 3.6-17.5% faster at 4K, 16K and on the 2.7B layer and
+    // 2.6% slower at 64K, with z 7.5% faster at 16K (H200, v29); until v28 the specialised
+    // kernel's counts applied to them all)
+    const bool specialized =
+        specialized_options && kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size, true);
     const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,
                                                  max_segments, specialized);
     c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));

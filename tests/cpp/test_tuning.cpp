@@ -180,11 +180,11 @@ TEST(TuningHeuristic, ValidSettingsForEveryShapeClass) {
         ProblemShape s;
         s.batch = walks; s.nheads = h; s.ngroups = 1; s.headdim = p; s.dstate = n; s.seqlen = 4096;
         s.nchunks = 4096 / 64;
-        const KernelConfig c = detail::heuristic_config(s, walks, 132, detail::max_walk_segments(s, false));
+        const KernelConfig c = detail::heuristic_config(s, walks, true, 132, detail::max_walk_segments(s, false));
         EXPECT_TRUE(c.pass_state_dstate_tile == 32 || c.pass_state_dstate_tile == 64);
         EXPECT_GE(c.pass_state_segments, 1);
         EXPECT_LE(c.pass_state_segments, detail::max_walk_segments(s, false));
-        EXPECT_EQ(detail::heuristic_config(s, walks, 132, 1).pass_state_segments, 1);  // 1 allowed
+        EXPECT_EQ(detail::heuristic_config(s, walks, true, 132, 1).pass_state_segments, 1);  // 1 allowed
         EXPECT_TRUE(c.pass_state_stages == 2 || c.pass_state_stages == 4);
         EXPECT_GE(c.compute_out_heads_per_cta, 1);
         EXPECT_LE(c.compute_out_heads_per_cta, std::min<int64_t>(h, p == 64 ? 4 : 2));
@@ -352,7 +352,7 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
     return s;
   };
   auto pick = [](const ProblemShape& s, int64_t walks) {
-    return detail::heuristic_config(s, walks, 132, detail::max_walk_segments(s, false));
+    return detail::heuristic_config(s, walks, true, 132, detail::max_walk_segments(s, false));
   };
   // anchor (4 rows, 8 heads): dstate 128 fused (the specialised kernel, one CTA per SM) in 8
   // segments at 64K (461 us; 497 / 508 / 501 in 4 / 12 / 16), 4 at 16K and 4K (136 / 44.3 us; 141
@@ -430,6 +430,32 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(1, 16384, 10, 1, 128, 256), 1).pass_state_segments, 8);
   // 16 chunks: fused, 16 of one chunk (20.2 us against 21.3 in 8; dstate 64: 17.0 against 19.6)
   EXPECT_EQ(pick(shape(1, 2048, 8, 1, 128), 1), (KernelConfig{32, 2, 1, 16, 2}));
+}
+
+// With seq_idx, z or an fp32 output (or the varlen layout) the specialised kernel does not run,
+// and the segments are counted for the kernel that does (seq_idx, 3 sequences per row, forced
+// segments on the H200, v29: anchor dstate 128 16K 165 us in 8 against 200 in 4, 4K 55.3 against
+// 59.8, 2.7B 4 x 8K 723 against 800 in 2; 64K 603 in 16 against 586 in 8).
+TEST(TuningHeuristic, SegmentsOfTheKernelThatRuns) {
+  auto shape = [](int64_t b, int64_t l, int64_t h) {
+    ProblemShape s;
+    s.batch = b; s.seqlen = l; s.nheads = h; s.ngroups = 1; s.headdim = 64; s.dstate = 128;
+    s.chunk_size = 128; s.nchunks = (l + 127) / 128;
+    return s;
+  };
+  auto segments = [](const ProblemShape& s, int64_t walks, bool specialized_options) {
+    const KernelConfig c =
+        detail::heuristic_config(s, walks, specialized_options, 132, detail::max_walk_segments(s, false));
+    EXPECT_EQ(c.fused_walk, 2);
+    return c.pass_state_segments;
+  };
+  EXPECT_EQ(segments(shape(4, 65536, 8), 4, true), 8);
+  EXPECT_EQ(segments(shape(4, 65536, 8), 4, false), 16);
+  EXPECT_EQ(segments(shape(4, 16384, 8), 4, true), 4);
+  EXPECT_EQ(segments(shape(4, 16384, 8), 4, false), 8);
+  EXPECT_EQ(segments(shape(4, 4096, 8), 4, false), 8);
+  EXPECT_EQ(segments(shape(4, 8192, 80), 4, true), 2);
+  EXPECT_EQ(segments(shape(4, 8192, 80), 4, false), 4);
 }
 
 TEST(TuningValidate, ExplicitSettingsAreChecked) {
