@@ -160,11 +160,11 @@ KernelCall kernel_call(const ForwardParams& p, const ProblemShape& s) {
   return c;
 }
 
-// Whether the call's layout and options let fused_walk run its specialised kernel: what
-// kernels::fused_walk_specialized_supported checks of them, the output's alignment aside (a property
-// of the pointer, not of the call's class). The heuristic counts segments for the kernel that runs.
+// Whether the call's layout and options let fused_walk run its specialised kernel (the heuristic
+// counts segments for the kernel that runs).
 bool specialized_options(const ForwardParams& p) {
-  return p.layout != Layout::kVarlen && !p.seq_idx.present() && !p.z.present() && p.out.dtype != DType::kFloat32;
+  return kernels::fused_walk_specialized_options(p.layout != Layout::kVarlen, p.seq_idx.present(), p.z.present(),
+                                                 p.out.dtype == DType::kFloat32);
 }
 
 // fused_walk stores chunk states in the workspace only for varlen_states in the batched layout

@@ -150,7 +150,7 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 // fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies (but for
 // long walks at dstate 257-447, v27), with the segments of fused_walk_segments.
 // walks: the rows (batched layout) or sequences (varlen); specialized_options: the call's layout
-// and options let fused_walk run its specialised kernel (specialized_options() in launch.cu);
+// and options let fused_walk run its specialised kernel (kernels::fused_walk_specialized_options);
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings
 // of that mode (2 where fused_walk applies).
 inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, bool specialized_options, int sm_count,
@@ -200,7 +200,7 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, bool 
     // 2.6% slower at 64K, with z 7.5% faster at 16K (H200, v29); until v28 the specialised
     // kernel's counts applied to them all)
     const bool specialized =
-        specialized_options && kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size, true);
+        specialized_options && kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size);
     const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,
                                                  max_segments, specialized);
     c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));

@@ -561,7 +561,9 @@ bool out_store_by_tma(const SsdParams& p) {
 }  // namespace
 
 bool fused_walk_specialized_supported(const SsdParams& p) {
-  return fused_walk_specialized_shape(p.headdim, p.dstate, p.chunk, !p.varlen) && p.seq_idx == nullptr &&
+  return fused_walk_specialized_shape(p.headdim, p.dstate, p.chunk) &&
+         fused_walk_specialized_options(!p.varlen, p.seq_idx != nullptr, p.z != nullptr,
+                                        p.io_dtype == DType::kFloat32) &&
          out_store_by_tma(p);
 }
 

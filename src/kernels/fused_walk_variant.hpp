@@ -16,11 +16,14 @@ namespace mamba2_ssd::kernels {
 // buffers.
 enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups, kSpecialized };
 
-// The shape part of kSpecialized's condition, for the tuning model (from the problem's shape) and
-// the launch (fused_walk_specialized_supported, which adds what only the call's buffers say: no
-// seq_idx, an output the TMA can store).
-constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int64_t chunk, bool batched) {
-  return headdim == 64 && dstate > 64 && dstate <= 128 && chunk == 128 && batched;
+// kSpecialized's condition, for the tuning model and the launch (fused_walk_specialized_supported,
+// which adds the output's alignment, a property of the pointer): its shape, and the call's layout
+// and options (batched, no seq_idx, and an output the TMA stores: 16-bit, no z).
+constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int64_t chunk) {
+  return headdim == 64 && dstate > 64 && dstate <= 128 && chunk == 128;
+}
+constexpr bool fused_walk_specialized_options(bool batched, bool seq_idx, bool z, bool out_fp32) {
+  return batched && !seq_idx && !z && !out_fp32;
 }
 
 // The longest segments whose sums also compute chunk_cumsum's outputs (SsdParams::sums_cumsum):
