@@ -42,8 +42,11 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // - fused_walk: its CTAs run in waves of ctas_per_sm x sm_count, each wave costing its segment
 //   length plus one chunk of start-up; where two fit per SM but all CTAs fit one per SM they run
 //   alone, 1.5x faster (anchor dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
-//   (At dstate 65-128 those now run two warpgroups per CTA, fused_walk_variant, faster still; the
-//   model keeps 0.66 for them: the tuner picks among the counts, v20.)
+//   At dstate 65-128 in chunks of 128 those run two warpgroups per CTA (fused_walk_variant): 0.64
+//   per chunk and half a chunk of start-up, fitted to forced counts on 38 calls with seq_idx, z,
+//   dstate 64-512 (H200, 2026-11-30 v30: 1 row x 10 heads x 16 chunks with seq_idx in 8 segments,
+//   21.4 us, not 16 of one warpgroup, 24.9; 40 heads in 6, 39.0 us, not 3, 43.1).
+//   The split costed is the one that runs: segments of ceil(chunks / count) chunks.
 // - The segment sums run first, one CTA per chain, tile and segment but the last, three per SM,
 //   each walking its segment: waves of 3 x sm_count CTAs at 0.15 per chunk. Their waves matter:
 //   the sums of the anchor dstate 128 at 64K take 199 us in 8 segments (448 CTAs, two waves of
@@ -86,19 +89,24 @@ inline kernels::FusedWalkVariant fused_walk_variant(int64_t dstate, int64_t chun
   if (fused_walk_three_per_sm(dstate, ctas, sm_count)) return kernels::FusedWalkVariant::kThreePerSm;
   return kernels::FusedWalkVariant::kOneWarpgroup;
 }
-inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int sm_count,
-                                   int max_segments, bool specialized = false) {
+inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int64_t chunk,
+                                   int sm_count, int max_segments, bool specialized = false) {
   const int64_t sum_slots = 3 * static_cast<int64_t>(sm_count);
-  auto cost = [&](int64_t seg) {
+  auto cost = [&](int64_t want) {
+    // (the split that runs: `want` segments of len chunks, fewer where the last ones would be empty)
+    const int64_t len_chunks = (chunks + want - 1) / want;
+    const int64_t seg = (chunks + len_chunks - 1) / len_chunks;
     const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
     const bool three = !specialized && fused_walk_three_per_sm(64 * dstate_tiles, ctas, sm_count);
     const int per_sm = specialized ? 1 : three ? 3 : fused_walk_ctas_per_sm(64 * dstate_tiles);
     const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
     int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
     if (specialized && sum_ctas > sum_slots) sum_ctas = (sum_ctas + 1) / 2;  // (128-column sums, segment_sums_tile)
-    const double len = static_cast<double>((chunks + seg - 1) / seg);
-    const double unit = specialized ? 0.55 : three ? 1.38 : per_sm == 2 && ctas <= sm_count ? 0.66 : 1.0;
-    const double start = specialized ? 4.0 : 1.0;
+    const double len = static_cast<double>(len_chunks);
+    const bool alone = per_sm == 2 && ctas <= sm_count;
+    const bool two_warpgroups = alone && dstate_tiles == 2 && chunk == 128;  // (fused_walk_variant)
+    const double unit = specialized ? 0.55 : three ? 1.38 : two_warpgroups ? 0.64 : alone ? 0.66 : 1.0;
+    const double start = specialized ? 4.0 : two_warpgroups ? 0.5 : 1.0;
     return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) +
            0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * len;
   };
@@ -201,8 +209,8 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, bool 
     // kernel's counts applied to them all)
     const bool specialized =
         specialized_options && kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size);
-    const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, sm_count,
-                                                 max_segments, specialized);
+    const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, s.chunk_size,
+                                                 sm_count, max_segments, specialized);
     c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));
   }
   return c;

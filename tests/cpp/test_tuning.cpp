@@ -456,6 +456,14 @@ TEST(TuningHeuristic, SegmentsOfTheKernelThatRuns) {
   EXPECT_EQ(segments(shape(4, 4096, 8), 4, false), 8);
   EXPECT_EQ(segments(shape(4, 8192, 80), 4, true), 2);
   EXPECT_EQ(segments(shape(4, 8192, 80), 4, false), 4);
+  // the two-warpgroup kernel (CTAs within one per SM) against one-warpgroup CTAs two per SM, with
+  // seq_idx (8 sequences in 1 row; H200, 2026-11-30 v30): 10 heads x 16 chunks in 8 segments of two
+  // chunks (80 CTAs; 21.4 us) rather than 16 of one (24.9 us); 12 heads x 512 chunks in 11 (283.7
+  // us against 304.3 in 16); but 40 heads x 16 chunks in 6 of three (240 CTAs; 39.0 us) rather
+  // than 3 (43.1 us)
+  EXPECT_EQ(segments(shape(1, 2048, 10), 1, false), 8);
+  EXPECT_EQ(segments(shape(1, 65536, 12), 1, false), 11);
+  EXPECT_EQ(segments(shape(1, 2048, 40), 1, false), 6);
 }
 
 TEST(TuningValidate, ExplicitSettingsAreChecked) {
