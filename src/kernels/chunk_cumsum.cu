@@ -21,10 +21,13 @@ namespace {
 constexpr int kWarps = 4;
 
 template <int kPerLane>
-__global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdParams p) {
+__global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdParams p, bool early_dependent) {
   const int64_t g = blockIdx.x;
   const int64_t row = blockIdx.y;
   pdl_wait_primary();  // (launched early behind the stream's previous kernel: see launch_kernel)
+  // The next kernel waits for this one's end before it reads anything; with early_dependent it
+  // launches now and sets up (its mbarriers, D) under this kernel.
+  if (early_dependent) pdl_launch_dependents();
   if (p.ready != nullptr) {
     // Reset the progress counters of fwd_pass_state (every CTA takes a share).
     const int64_t n = (p.varlen ? p.nseq : p.batch) * p.nheads * p.nseg * p.ready_tiles;
@@ -45,7 +48,7 @@ __global__ void __launch_bounds__(kWarps * 32) chunk_cumsum_kernel(const SsdPara
 
 }  // namespace
 
-void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream) {
+void launch_chunk_cumsum(const SsdParams& p, bool early_dependent, cudaStream_t stream) {
   if (p.nchunks > 0x7fffffffLL || p.batch > 65535) {
     throw_launch_error("chunk_cumsum: grid too large (" + std::to_string(p.nchunks) + " chunks x " +
                        std::to_string(p.batch) + " rows)");
@@ -54,7 +57,7 @@ void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream) {
   dim3 grid(static_cast<unsigned>(p.nchunks), static_cast<unsigned>(p.batch),
             static_cast<unsigned>((p.nheads + kWarps - 1) / kWarps));
   auto kernel = p.chunk == 64 ? chunk_cumsum_kernel<2> : p.chunk == 128 ? chunk_cumsum_kernel<4> : chunk_cumsum_kernel<8>;
-  launch_kernel(kernel, grid, dim3(kWarps * 32), 0, stream, true, 1, "launch chunk_cumsum", p);
+  launch_kernel(kernel, grid, dim3(kWarps * 32), 0, stream, true, 1, "launch chunk_cumsum", p, early_dependent);
 }
 
 }  // namespace mamba2_ssd::kernels

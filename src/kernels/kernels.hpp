@@ -91,7 +91,9 @@ int compute_out_max_heads_per_cta(int headdim);
 // varlen layout: chunk_offsets[i] = sum_{k<i} ceil(len_k / Q) (one CTA).
 void launch_chunk_offsets(const SsdParams& p, cudaStream_t stream);
 // dt' and the in-chunk cumulative sum of A * dt' (times log2 e) for every chunk slot.
-void launch_chunk_cumsum(const SsdParams& p, cudaStream_t stream);
+// early_dependent: the next kernel is launched as soon as every CTA of this one has started
+// (else when they end); it pays where that kernel is fused_walk, see launch_prefix.
+void launch_chunk_cumsum(const SsdParams& p, bool early_dependent, cudaStream_t stream);
 // fwd_pass_state's CTAs per (walk, head) with a dstate tile of 32 or 64 (SsdParams::ready_tiles).
 int fwd_pass_state_tiles(int64_t headdim, int64_t dstate, int dstate_tile);
 // What one fwd_pass_state CTA of this setting occupies on an SM.
