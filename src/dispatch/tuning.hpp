@@ -43,7 +43,7 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 //   length plus one chunk of start-up; where two fit per SM but all CTAs fit one per SM they run
 //   alone, 1.5x faster (anchor dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
 //   At dstate 65-128 in chunks of 128 those run two warpgroups per CTA (fused_walk_variant): 0.64
-//   per chunk and half a chunk of start-up, fitted to forced counts on 38 calls with seq_idx, z,
+//   per chunk and half a chunk of start-up, fitted to forced counts on 37 calls with seq_idx, z,
 //   dstate 64-512 (H200, 2026-11-30 v30: 1 row x 10 heads x 16 chunks with seq_idx in 8 segments,
 //   21.4 us, not 16 of one warpgroup, 24.9; 40 heads in 6, 39.0 us, not 3, 43.1).
 //   The split costed is the one that runs: segments of ceil(chunks / count) chunks.
