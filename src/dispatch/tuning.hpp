@@ -97,16 +97,23 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
     const int64_t len_chunks = (chunks + want - 1) / want;
     const int64_t seg = (chunks + len_chunks - 1) / len_chunks;
     const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
-    const bool three = !specialized && fused_walk_three_per_sm(64 * dstate_tiles, ctas, sm_count);
-    const int per_sm = specialized ? 1 : three ? 3 : fused_walk_ctas_per_sm(64 * dstate_tiles);
+    // (priced by the variant that launch_fused_walk runs for these CTAs)
+    using V = kernels::FusedWalkVariant;
+    const V variant = fused_walk_variant(64 * dstate_tiles, chunk, ctas, sm_count, specialized);
+    const int per_sm = variant == V::kSpecialized  ? 1
+                       : variant == V::kThreePerSm ? 3
+                                                   : fused_walk_ctas_per_sm(64 * dstate_tiles);
     const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
     int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
     if (specialized && sum_ctas > sum_slots) sum_ctas = (sum_ctas + 1) / 2;  // (128-column sums, segment_sums_tile)
     const double len = static_cast<double>(len_chunks);
     const bool alone = per_sm == 2 && ctas <= sm_count;
-    const bool two_warpgroups = alone && dstate_tiles == 2 && chunk == 128;  // (fused_walk_variant)
-    const double unit = specialized ? 0.55 : three ? 1.38 : two_warpgroups ? 0.64 : alone ? 0.66 : 1.0;
-    const double start = specialized ? 4.0 : two_warpgroups ? 0.5 : 1.0;
+    const double unit = variant == V::kSpecialized    ? 0.55
+                        : variant == V::kThreePerSm    ? 1.38
+                        : variant == V::kTwoWarpgroups ? 0.64
+                        : alone                        ? 0.66
+                                                       : 1.0;
+    const double start = variant == V::kSpecialized ? 4.0 : variant == V::kTwoWarpgroups ? 0.5 : 1.0;
     return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) +
            0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * len;
   };
