@@ -281,6 +281,7 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   k.ready_tiles = 0;  // set with the fwd_pass_state setting (with_pass_state), as the segments
   k.nseg = 1;
   k.seg_chunks = static_cast<int32_t>(std::max<int64_t>(s.nchunks, 1));
+  k.seg0_chunks = k.seg_chunks;
   if (w.max_segments > 1) {
     k.seg_sums = reinterpret_cast<float*>(ws + w.seg_sums);
     k.seg_carry = reinterpret_cast<float*>(ws + w.seg_carry);
@@ -340,6 +341,7 @@ kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStat
   if (want > 1) {
     const int64_t len = (k.nchunks + want - 1) / want;
     k.seg_chunks = static_cast<int32_t>(len);
+    k.seg0_chunks = k.seg_chunks;
     k.nseg = static_cast<int32_t>((k.nchunks + len - 1) / len);
   }
   if (!overlap_enabled()) k.ready = nullptr;
@@ -387,18 +389,34 @@ void launch_prefix(const ForwardParams& p, const ProblemShape& s, const Workspac
   if (!k.sums_cumsum) kernels::launch_chunk_cumsum(k, fused && k.nseg == 1, stream);
 }
 
+// Whether fused_walk runs its specialised kernel for k (MAMBA2_SSD_FUSED_WS=0: not, for measuring).
+bool runs_specialized(const kernels::SsdParams& k) {
+  const char* e = std::getenv("MAMBA2_SSD_FUSED_WS");
+  return kernels::fused_walk_specialized_supported(k) && (e == nullptr || std::string(e) != "0");
+}
+
 // fused_walk's parameters: its segment sums in 64-column tiles, no progress counters (nothing
-// runs alongside), chunk states stored only for the caller or for varlen_states, and
-// chunk_cumsum's work done by the segment sums where their segments are short.
-kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, const WorkspacePlan& w) {
+// runs alongside), chunk states stored only for the caller or for varlen_states, two segments
+// of the specialised kernel split unevenly where that balances the SMs (first_segment_chunks),
+// and chunk_cumsum's work done by the segment sums where their segments are short.
+kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, const WorkspacePlan& w,
+                                int sm_count) {
   kernels::PassStateConfig c;
   c.dstate_tile = 64;
   c.segments = segments;
   k = with_pass_state(k, c, w);
   k.ready = nullptr;
+  if (k.nseg == 2 && !k.varlen && runs_specialized(k)) {
+    const int64_t first = detail::first_segment_chunks(k.batch * k.nheads, k.nchunks, sm_count, true).first;
+    if (first < k.nchunks - first) {
+      k.seg0_chunks = static_cast<int32_t>(first);
+      k.seg_chunks = static_cast<int32_t>(k.nchunks - first);
+    }
+  }
   // MAMBA2_SSD_SUMS_CUMSUM=0: chunk_cumsum runs first whatever the segments (for measuring).
   const char* e = std::getenv("MAMBA2_SSD_SUMS_CUMSUM");
-  k.sums_cumsum = detail::sums_take_cumsum(k.nseg, k.seg_chunks) && (e == nullptr || std::string(e) != "0");
+  k.sums_cumsum = detail::sums_take_cumsum(k.nseg, k.seg_chunks) && k.seg0_chunks == k.seg_chunks &&
+                  (e == nullptr || std::string(e) != "0");
   const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
   if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;
   return k;
@@ -415,9 +433,7 @@ void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k,
       kernels::launch_segment_sums(k, segment_sums_tile(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, sm_count),
                                    stream);
     }
-    // (MAMBA2_SSD_FUSED_WS=0: not the specialised variant, for measuring)
-    const char* e = std::getenv("MAMBA2_SSD_FUSED_WS");
-    const bool specialized = kernels::fused_walk_specialized_supported(k) && (e == nullptr || std::string(e) != "0");
+    const bool specialized = runs_specialized(k);
     kernels::launch_fused_walk(k, fused_walk_variant(k.dstate, k.chunk, walk_heads * k.nseg, sm_count, specialized),
                                stream);
   } else {
@@ -535,8 +551,9 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
   const bool fused = fused_walk_applies(s) && (cfg.fused_walk == 2 || workspace_bytes < full.total);
   const WorkspacePlan w = fused && !fused_needs_chunk_states(p) ? plan_workspace(p, s, false) : full;
   const kernels::SsdParams k0 = make_kernel_params(p, s, w, ws);
-  const kernels::SsdParams k = fused ? fused_params(p, k0, cfg.pass_state_segments, w) : with_pass_state(k0, ps, w);
   const int sm_count = current_device_id().sm_count;
+  const kernels::SsdParams k =
+      fused ? fused_params(p, k0, cfg.pass_state_segments, w, sm_count) : with_pass_state(k0, ps, w);
   kernels::ComputeOutConfig co;
   const int walks = static_cast<int>(walk_count(p, s));
   if (!fused) co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, walks, sm_count);
@@ -625,7 +642,7 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
     });
   };
   auto fused_ms = [&](int segments) {
-    const kernels::SsdParams kc = fused_params(p, k, segments, w);
+    const kernels::SsdParams kc = fused_params(p, k, segments, w, dev.sm_count);
     return time_ms([&] {
       launch_prefix(p, s, w, ws, kc, true, stream);
       launch_walk_and_output(p, kc, true, {}, {}, dev.sm_count, stream);
@@ -647,7 +664,7 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   int fused_best_segments = r.heuristic.pass_state_segments;
   std::vector<int32_t> fused_splits;
   auto try_fused = [&](int segs) {
-    const int32_t nseg = fused_params(p, k, segs, w).nseg;
+    const int32_t nseg = fused_params(p, k, segs, w, dev.sm_count).nseg;
     if (std::find(fused_splits.begin(), fused_splits.end(), nseg) != fused_splits.end()) return;
     fused_splits.push_back(nseg);
     const double ms = fused_ms(segs);
@@ -741,7 +758,7 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   // The split of the walks that a setting runs (a count the shape reduces to another's split
   // launches the same kernels).
   auto nseg_of = [&](const KernelConfig& c) {
-    return c.fused_walk == 2 ? fused_params(p, k, c.pass_state_segments, w).nseg
+    return c.fused_walk == 2 ? fused_params(p, k, c.pass_state_segments, w, dev.sm_count).nseg
                              : with_pass_state(k, pass_state_of(c), w).nseg;
   };
   const bool two_timed = best_ms > 0.0;  // (the budget may end before the first)

@@ -60,6 +60,8 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 //   64-column ones would take more than a wave (segment_sums_tile). Fitted to its H200 graph times
 //   at 1-16 segments on 12 anchor, model and tensor-parallel calls (2026-11-30, design log v24): it
 //   picks the fastest on 11 (4 rows x 80 heads x 64 chunks: 2 segments, 550 us against 532 in 1).
+//   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
+//   a short first one (first_segment_chunks), priced from their own measurements (below).
 // Counts within 1% of the least: the fewest. Fitted to the H200's graph times of 1-16 segments
 // on 11 anchor, model and tensor-parallel calls (2026-11-30, docs/PERFORMANCE.md v14): it picks
 // the fastest or one within 1% on each (1 row x 20 heads x 512 chunks: 13, 410 us against 544 in
@@ -89,6 +91,25 @@ inline kernels::FusedWalkVariant fused_walk_variant(int64_t dstate, int64_t chun
   if (fused_walk_three_per_sm(dstate, ctas, sm_count)) return kernels::FusedWalkVariant::kThreePerSm;
   return kernels::FusedWalkVariant::kOneWarpgroup;
 }
+// Two segments of the specialised kernel (one CTA per SM) where its walks x heads fill more than
+// half of the SMs but not all (the 2.7B layer's 80 heads on one row): the first segment short
+// and its CTAs on the SMs beside the second's, running `rounds` after one another there while
+// the long ones run once (launched first, fused_segment). Its length balances the two, the
+// start-up of 4 chunks per CTA counted: rest + 4 = rounds x (first + 4), rest = chunks - first.
+// Elsewhere the even split (first = ceil(chunks / 2), rounds = 1). With 80 of 132 SMs, rounds
+// 2: 16 chunks as 4 + 12 (one wave of 12 plus start-up against 16 in one segment), 64 as 20 + 44
+// (against three segments of 22 in two waves).
+struct FirstSegment {
+  int64_t first, rounds;
+};
+inline FirstSegment first_segment_chunks(int64_t walk_heads, int64_t chunks, int sm_count, bool specialized) {
+  const int64_t even = (chunks + 1) / 2, sm = std::max(sm_count, 1);
+  if (!specialized || 2 * walk_heads <= sm || walk_heads >= sm) return {even, 1};
+  const int64_t free_sms = sm - walk_heads;
+  const int64_t rounds = 1 + (2 * walk_heads - sm + free_sms - 1) / free_sms;
+  return {std::clamp<int64_t>((chunks - 4 * (rounds - 1)) / (1 + rounds), 1, even), rounds};
+}
+
 inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int64_t chunk,
                                    int sm_count, int max_segments, bool specialized = false) {
   const int64_t sum_slots = 3 * static_cast<int64_t>(sm_count);
@@ -117,6 +138,20 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
     return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) +
            0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * len;
   };
+  // The specialised kernel's walks x heads on more than half of the SMs but not all: one segment,
+  // or two with a short first one (first_segment_chunks), which beat every even split measured
+  // there. The long segment's chunks then cost 1.28 times a chunk of one segment (all SMs busy)
+  // and the sums 0.4 of a chunk more: 80 heads x 1 row, 1 segment / 2 (us) 25.0 / 27.5 at 8
+  // chunks, 44.8 / 44.1 at 16, 82.0 / 76.3 at 32, 157 / 141 at 64, 305 / 271 at 128, 1190 / 1041
+  // at 512 (even splits: 3 segments 81.5, 150, 278, 1096; 8 at 512: 1110); 70 heads x 64 chunks
+  // 155 / 138 (5 segments: 153); 96 heads x 16 and 100 x 32: 46.3 / 48.4 and 84.5 / 85.1 (H200,
+  // 2026-12-01 v31).
+  const int64_t sm = std::max(sm_count, 1);
+  if (specialized && 2 * walk_heads > sm && walk_heads < sm) {
+    const FirstSegment f = first_segment_chunks(walk_heads, chunks, sm_count, true);
+    const double rest = static_cast<double>(chunks - f.first);
+    return max_segments >= 2 && f.first < chunks - f.first && 1.28 * rest + 0.4 < static_cast<double>(chunks) ? 2 : 1;
+  }
   const int64_t top = std::max(max_segments, 1);
   double least = cost(1);
   for (int64_t seg = 2; seg <= top; ++seg) least = std::min(least, cost(seg));

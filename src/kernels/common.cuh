@@ -59,14 +59,16 @@ struct SsdParams {
   // nullptr: no overlap, compute_out is launched after fwd_pass_state.
   int32_t* ready; int32_t ready_tiles;
   // Walk segments: fwd_pass_state splits each walk into nseg runs of seg_chunks chunks, walked by
-  // separate CTAs (varlen: the same length for every sequence, a short one's later runs empty). A first launch sums each segment but the last from a zero
+  // separate CTAs (varlen: the same length for every sequence, a short one's later runs empty);
+  // the first run has seg0_chunks (fused_walk only: shorter where that balances the SMs, see
+  // segment_range; else seg_chunks). A first launch sums each segment but the last from a zero
   // state (segment 0 from the initial state) into seg_sums ([walk][head][segment][tile][64 x NT]
   // in accumulator-fragment order) with the product of its carries in seg_carry
   // ([walk][head][segment]); the walking launch starts segment k from
   // T_k = seg_carry[k-1] T_{k-1} + seg_sums[k-1]. ready is then [walk][head][segment][tile], a
   // counter holding the absolute chunk count its CTA has stored up to. nseg = 1: no segments
   // (seg_chunks >= every walk's chunk count; nchunks, the varlen layout's bound on all chunks, is).
-  int32_t nseg, seg_chunks;
+  int32_t nseg, seg_chunks, seg0_chunks;
   float* seg_sums; float* seg_carry;
   // The segment sums compute cum, dtp, wst and carry (chunk_decay.cuh) of their own chunks and,
   // shared among them, of the last segment's, and store them for fused_walk, instead of
@@ -269,6 +271,27 @@ __device__ __forceinline__ Walk make_walk(const SsdParams& p, int64_t w) {
     k.tok_end = load_cu(p, w + 1);
   }
   return k;
+}
+
+// The chunks [begin, end) of walk segment `seg` in a walk of `nchunks` chunks: segment 0 has
+// seg0_chunks, the others seg_chunks, the last up to the walk's end (begin >= nchunks: an empty
+// segment of a short varlen sequence).
+struct SegmentRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ SegmentRange segment_range(const SsdParams& p, int seg, int64_t nchunks) {
+  // (in 32 bits: a walk has fewer than 2^30 chunks; segment 0 has `shorter` fewer than the others)
+  const int32_t shorter = p.seg_chunks - p.seg0_chunks;
+  const int32_t begin = seg * p.seg_chunks - (seg > 0 ? shorter : 0);
+  const int32_t end = begin + p.seg_chunks - (seg > 0 ? 0 : shorter);
+  return {begin, p.nseg > 1 && end < nchunks ? end : nchunks};
+}
+// fused_walk's segment for the CTA index `z` (walk z / nseg): with a short first segment the
+// last segment's CTAs come first, so that the long runs start in the first wave and the short
+// ones fill the SMs beside them (tuning.hpp: first_segment_chunks).
+__device__ __forceinline__ int fused_segment(const SsdParams& p, unsigned z) {
+  const int s = static_cast<int>(z % static_cast<unsigned>(p.nseg));
+  return p.seg0_chunks < p.seg_chunks ? p.nseg - 1 - s : s;
 }
 
 __device__ __forceinline__ ChunkInfo walk_chunk(const SsdParams& p, const Walk& k, int64_t local) {

@@ -552,6 +552,10 @@ int compute_out_max_heads_per_cta(int headdim) { return headdim <= 64 ? 4 : 2; }
 void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStream_t stream) {
   const int hb = std::max(1, std::min(cfg.heads_per_cta, p.heads_per_group));
   if (p.batch * p.nchunks == 0 || p.nheads == 0) return;
+  if (p.nseg > 1 && p.seg0_chunks != p.seg_chunks) {
+    throw_launch_error("compute_out: walk segments of one length, got " + std::to_string(p.seg0_chunks) +
+                       " chunks in the first and " + std::to_string(p.seg_chunks) + " in the others");
+  }
   const TileMaps maps = make_tile_maps(p);
   if (p.headdim == 64) {
     if (p.fp16) launch_heads<cutlass::half_t, 64>(p, hb, cfg, maps, stream);

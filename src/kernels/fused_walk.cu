@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   // take no registers: with two warpgroups the uniform registers spilled)
   const int q = kWG == 2 ? 128 : p.chunk, nb = q / kM;
   const int64_t h = blockIdx.y;
-  const int seg = static_cast<int>(blockIdx.z % p.nseg);
+  const int seg = fused_segment(p, blockIdx.z);
   const Walk walk = make_walk(p, blockIdx.z / p.nseg);
   const int64_t grp = h / p.heads_per_group;
   // A > 0 (cum grows within a chunk): mamba_ssm clamps the decay between two tokens of a chunk,
@@ -105,9 +105,9 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
   // are computed with cum taken as 0 (A <= 0, every model: cum_t <= cum_s for s <= t, nothing to
   // clamp). The state's decay exp2(cum_t) is not clamped.
   const bool a_grows = p.A[h * p.A_s] > 0.0f;
-  const int64_t c_begin = static_cast<int64_t>(seg) * p.seg_chunks;
+  const SegmentRange range = segment_range(p, seg, walk.nchunks);
+  const int64_t c_begin = range.begin, c_end = range.end;
   if (seg > 0 && c_begin >= walk.nchunks) return;  // a short sequence's empty segment (varlen)
-  const int64_t c_end = p.nseg > 1 ? min(c_begin + p.seg_chunks, walk.nchunks) : walk.nchunks;
   const int n_local = static_cast<int>(c_end - c_begin);
 
   char* s_buf = smem;                                              // the chunk buffer

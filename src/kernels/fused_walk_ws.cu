@@ -67,13 +67,13 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / kThreads, wtid = tid % kThreads;
   const int64_t h = blockIdx.y;
-  const int seg = static_cast<int>(blockIdx.z % p.nseg);
+  const int seg = fused_segment(p, blockIdx.z);
   const Walk walk = make_walk(p, blockIdx.z / p.nseg);
   const int64_t grp = h / p.heads_per_group;
   const bool a_grows = p.A[h * p.A_s] > 0.0f;  // (see fused_walk_kernel)
-  const int64_t c_begin = static_cast<int64_t>(seg) * p.seg_chunks;
+  const SegmentRange range = segment_range(p, seg, walk.nchunks);
+  const int64_t c_begin = range.begin, c_end = range.end;
   if (seg > 0 && c_begin >= walk.nchunks) return;
-  const int64_t c_end = p.nseg > 1 ? min(c_begin + p.seg_chunks, walk.nchunks) : walk.nchunks;
   const int n_local = static_cast<int>(c_end - c_begin);
 
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);

@@ -116,9 +116,9 @@ __global__ void __launch_bounds__(st::kThreads)
   const int64_t grp = h / p.heads_per_group;
   // This CTA's chunks: [c_begin, c_end) of the walk. In the varlen layout the segment length is
   // the same for every sequence, so a short sequence leaves its later segments empty.
-  const int64_t c_begin = static_cast<int64_t>(seg) * p.seg_chunks;
+  const SegmentRange range = segment_range(p, seg, walk.nchunks);
+  const int64_t c_begin = range.begin, c_end = range.end;
   if (seg > 0 && c_begin >= walk.nchunks) return;
-  const int64_t c_end = p.nseg > 1 ? min(c_begin + p.seg_chunks, walk.nchunks) : walk.nchunks;
   // This CTA's progress counter: the walk's chunk count up to which it has stored the states.
   int32_t* ready = p.ready != nullptr && !sums_only
                        ? p.ready + ((walk.walk * p.nheads + h) * p.nseg + seg) * p.ready_tiles + blockIdx.x
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(st::kThreads)
   [[maybe_unused]] float fold_dt[kItemsPerWarp][kPerLane];
   HeadDecay hd{};
   int n_items = 0, item_r = 0, item_step = 1;
-  const int64_t last_begin = static_cast<int64_t>(p.nseg - 1) * p.seg_chunks;
+  const int64_t last_begin = segment_range(p, p.nseg - 1, walk.nchunks).begin;
   auto item_chunk = [&](int i) -> int64_t {  // (within the walk)
     return i < n_local ? c_begin + i : last_begin + item_r + static_cast<int64_t>(i - n_local) * item_step;
   };
@@ -430,11 +430,13 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
     int smem = pass_smem_bytes<T, NT, KS, kSumStages>();
     if (p.sums_cumsum) {
       // (fused_walk's sums only: 64- and 128-column tiles)
-      if (NT == 32 || p.chunk != KS || p.seg_chunks > kSumsCumsumMaxChunks || p.ready != nullptr) {
+      if (NT == 32 || p.chunk != KS || p.seg_chunks > kSumsCumsumMaxChunks || p.seg0_chunks != p.seg_chunks ||
+          p.ready != nullptr) {
         throw_launch_error("fwd_pass_state: chunk_cumsum's work in the segment sums takes dstate tiles of 64 or 128, "
                            "chunks of 64 or 128, at most " + std::to_string(kSumsCumsumMaxChunks) +
-                           " per segment and no progress counters, got tile " + std::to_string(NT) + ", chunk " +
-                           std::to_string(p.chunk) + ", " + std::to_string(p.seg_chunks) + " per segment");
+                           " chunks in every segment and no progress counters, got tile " + std::to_string(NT) +
+                           ", chunk " + std::to_string(p.chunk) + ", segments of " + std::to_string(p.seg0_chunks) +
+                           " and " + std::to_string(p.seg_chunks) + " chunks");
       }
       if constexpr (NT != 32) sums = prepared_kernel<T, NT, KS, kSumStages, true, true>();
       smem += sums_cumsum_bytes<KS>(p.seg_chunks);
@@ -515,10 +517,17 @@ namespace {
 void launch_checked(const SsdParams& p, const PassStateConfig& cfg, bool sums_only, cudaStream_t stream) {
   const int64_t walks = p.varlen ? p.nseq : p.batch;
   if (walks == 0) return;
-  if (p.nseg < 1 || (p.nseg > 1 && (p.seg_chunks < 1 || p.seg_sums == nullptr || p.seg_carry == nullptr ||
-                                    static_cast<int64_t>(p.nseg - 1) * p.seg_chunks >= p.nchunks))) {
+  if (p.nseg < 1 || (p.nseg > 1 && (p.seg_chunks < 1 || p.seg0_chunks < 1 || p.seg_sums == nullptr ||
+                                    p.seg_carry == nullptr ||
+                                    p.seg0_chunks + static_cast<int64_t>(p.nseg - 2) * p.seg_chunks >= p.nchunks))) {
     throw_launch_error("fwd_pass_state: inconsistent walk segments (nseg " + std::to_string(p.nseg) + ", seg_chunks " +
-                       std::to_string(p.seg_chunks) + ", nchunks " + std::to_string(p.nchunks) + ")");
+                       std::to_string(p.seg_chunks) + ", seg0_chunks " + std::to_string(p.seg0_chunks) + ", nchunks " +
+                       std::to_string(p.nchunks) + ")");
+  }
+  if (!sums_only && p.nseg > 1 && p.seg0_chunks != p.seg_chunks) {
+    throw_launch_error("fwd_pass_state: its walks (and compute_out) take segments of one length, got " +
+                       std::to_string(p.seg0_chunks) + " chunks in the first and " + std::to_string(p.seg_chunks) +
+                       " in the others (a shorter first segment is fused_walk's)");
   }
   if (walks * p.nseg > 65535) {
     throw_launch_error("fwd_pass_state: at most 65535 walks x segments per launch, got " +

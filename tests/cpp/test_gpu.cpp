@@ -513,6 +513,41 @@ TEST(Gpu, FusedWalk) {
   }
 }
 
+// Two walk segments of the specialised kernel where the walks x heads fill more than half of the
+// SMs but not all: the first one short (detail::first_segment_chunks), its CTAs launched after the
+// long ones'. Model-like decays (states carry over the segment edge), initial, final and chunk
+// states; 80 heads x 16 chunks (4 + 12), 100 heads x 24 chunks with a partial last one (fp16; the
+// short CTAs in 4 rounds: 2 + 22), 70 heads x 64 chunks (20 + 44).
+TEST(Gpu, FusedWalkShortFirstSegment) {
+  SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  int seed = 2100;
+  struct Case {
+    DType dtype;
+    int64_t heads, seqlen;
+  };
+  for (const Case& k : {Case{DType::kBFloat16, 80, 2048}, Case{DType::kFloat16, 100, 3000 + 17},
+                        Case{DType::kBFloat16, 70, 8192}}) {
+    const int64_t chunks = (k.seqlen + 127) / 128;
+    const int64_t first = detail::first_segment_chunks(k.heads, chunks, sms, true).first;
+    ASSERT_LT(first, chunks - first) << k.heads << " heads on " << sms
+                                     << " SMs: the case no longer covers a short first segment";
+    ASSERT_NO_FATAL_FAILURE(expect_fused_variant(128, 128, 2 * k.heads, true, kernels::FusedWalkVariant::kSpecialized));
+    ProblemConfig c = base_config();
+    c.dtype = k.dtype;
+    c.batch = 1;
+    c.nheads = k.heads;
+    c.dstate = 128;
+    c.seqlen = k.seqlen;
+    c.model_decay = true;
+    c.want_chunk_states = k.heads != 100;
+    c.kernel_config = {0, 0, 0, 2, 2};
+    c.seed = ++seed;
+    check_problem(c, "fused-short-first-segment");
+  }
+}
+
 // Decays as in a model (model_decay: dt in [1e-3, 0.1] as mamba_ssm initialises it, |A| in
 // [1, 16]), where the states of the heads of small |A| carry over several chunks; the other tests'
 // distribution forgets a chunk within a few tokens, so the state passing hardly shows in their

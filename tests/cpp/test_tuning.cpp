@@ -61,7 +61,7 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
   const ProblemConfig base = small_config();
   const std::string k = key_of(base);
   EXPECT_EQ(k, key_of(base));
-  EXPECT_EQ(k.rfind("k24|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
+  EXPECT_EQ(k.rfind("k31|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
   ProblemConfig c = base;
   c.seqlen = 280;  // same power-of-two bucket of tokens per row (512)
   EXPECT_EQ(key_of(c), k);
@@ -275,6 +275,31 @@ TEST(TuningHeuristic, FusedWalkVariant) {
   EXPECT_EQ(fused_walk_variant(256, 128, 128, 132, false), V::kOneWarpgroup);  // (dstate 256: its own kernel)
 }
 
+// The short first of two segments (specialised kernel, walks x heads on more than half of the
+// SMs but not all): the long segment's CTAs once, the short ones in `rounds` beside them.
+TEST(TuningHeuristic, FirstSegmentChunks) {
+  using detail::first_segment_chunks;
+  // 80 of 132 SMs: the 28 short CTAs that do not fit beside the 80 long ones run a second round
+  EXPECT_EQ(first_segment_chunks(80, 16, 132, true).first, 4);
+  EXPECT_EQ(first_segment_chunks(80, 16, 132, true).rounds, 2);
+  EXPECT_EQ(first_segment_chunks(80, 64, 132, true).first, 20);
+  EXPECT_EQ(first_segment_chunks(80, 512, 132, true).first, 169);
+  EXPECT_EQ(first_segment_chunks(100, 24, 132, true).first, 2);  // 4 rounds on 32 SMs
+  EXPECT_EQ(first_segment_chunks(80, 2, 132, true).first, 1);
+  // elsewhere the even split: all CTAs in one wave (66 or fewer), the long ones alone filling
+  // it (132 or more), or not the specialised kernel
+  EXPECT_EQ(first_segment_chunks(66, 64, 132, true).first, 32);
+  EXPECT_EQ(first_segment_chunks(132, 64, 132, true).first, 32);
+  EXPECT_EQ(first_segment_chunks(80, 63, 132, false).first, 32);
+  for (int64_t heads = 67; heads < 132; ++heads) {
+    for (int64_t chunks = 2; chunks <= 600; chunks += 7) {
+      const auto f = first_segment_chunks(heads, chunks, 132, true);
+      ASSERT_GE(f.first, 1);
+      ASSERT_LE(f.first, chunks - f.first) << heads << " heads, " << chunks << " chunks";
+    }
+  }
+}
+
 TEST(TuningHeuristic, SumsTakeCumsum) {
   using detail::sums_take_cumsum;
   EXPECT_TRUE(sums_take_cumsum(4, 2));    // anchor 1K: 4 segments of 2 chunks
@@ -410,11 +435,17 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   // heads
   EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 2, 2}));
   EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64), 8), (KernelConfig{64, 2, 1, 1, 2}));
-  EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1), (KernelConfig{64, 2, 2, 1, 2}));  // 45.8 us; 69.9 two kernels (v27)
+  // 1 row x 80 heads (80 of 132 SMs): two segments with a short first one (first_segment_chunks;
+  // 1 x 2K 44.1 us against 44.8 in one, 1 x 8K 141 against 150 in three, 1 x 64K 1.04 ms against
+  // 1.11 in eight; H200 2026-12-01 v31), one where they are short (1 x 1K: 25.0 against 27.5)
+  EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1), (KernelConfig{64, 2, 2, 2, 2}));
+  EXPECT_EQ(pick(shape(1, 1024, 80, 1, 128), 1).pass_state_segments, 1);
+  EXPECT_EQ(pick(shape(1, 2048, 96, 1, 128), 1).pass_state_segments, 1);  // 46.3 us; 48.4 in two
   EXPECT_EQ(pick(shape(8, 2048, 80, 1, 128), 8).fused_walk, 2);  // 213 us; 471 two kernels (v27)
   EXPECT_EQ(pick(shape(64, 128, 80, 1, 128), 64).fused_walk, 2);  // 188 us; 239 two kernels (v27)
-  EXPECT_EQ(pick(shape(1, 8192, 80, 1, 128), 1).pass_state_segments, 3);  // 240 CTAs, not 13 x 80
-  EXPECT_EQ(pick(shape(1, 65536, 80, 1, 128), 1).pass_state_segments, 8);  // 1.18 ms; 1.19 in 13 (v24)
+  EXPECT_EQ(pick(shape(1, 8192, 80, 1, 128), 1).pass_state_segments, 2);
+  EXPECT_EQ(pick(shape(1, 65536, 80, 1, 128), 1).pass_state_segments, 2);
+  EXPECT_EQ(pick(shape(1, 8192, 70, 1, 128), 1).pass_state_segments, 2);  // 138 us; 153 in five
   EXPECT_EQ(pick(shape(8, 4096, 80, 1, 128), 8).pass_state_segments, 1);  // 451 us; 548 in 2 (v24)
   // chunks of 256 (when the chunk states are returned): not fused
   EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
