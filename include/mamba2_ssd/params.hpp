@@ -37,7 +37,8 @@ struct KernelConfig {
   int compute_out_heads_per_cta = 0;  // compute_out: 1, 2 or 4 (headdim 64), 1 or 2 (headdim 128)
   // fwd_pass_state: segments each walk (row or varlen sequence) is split into, 1-16; at most the
   // mean chunks per walk (segments of one chunk), so a larger count is reduced to what the shape
-  // allows.
+  // allows. Two segments of fused_walk's specialised kernel split unevenly where its walks x heads
+  // fill more than half of the SMs but not all (a short first segment beside a long one).
   int pass_state_segments = 0;
   // 1: the walk and the output as two kernels running side by side (fwd_pass_state, compute_out);
   // 2: as one kernel (fused_walk: the chunk states stay on chip; the segments above apply, the
