@@ -146,9 +146,8 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
   // at 512 (even splits: 3 segments 81.5, 150, 278, 1096; 8 at 512: 1110); 70 heads x 64 chunks
   // 155 / 138 (5 segments: 153); 96 heads x 16 and 100 x 32: 46.3 / 48.4 and 84.5 / 85.1 (H200,
   // 2026-12-01 v31).
-  const int64_t sm = std::max(sm_count, 1);
-  if (specialized && 2 * walk_heads > sm && walk_heads < sm) {
-    const FirstSegment f = first_segment_chunks(walk_heads, chunks, sm_count, true);
+  // (rounds > 1: the regime where first_segment_chunks splits unevenly)
+  if (const FirstSegment f = first_segment_chunks(walk_heads, chunks, sm_count, specialized); f.rounds > 1) {
     const double rest = static_cast<double>(chunks - f.first);
     return max_segments >= 2 && f.first < chunks - f.first && 1.28 * rest + 0.4 < static_cast<double>(chunks) ? 2 : 1;
   }
