@@ -282,6 +282,9 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   k.nseg = 1;
   k.seg_chunks = static_cast<int32_t>(std::max<int64_t>(s.nchunks, 1));
   k.seg0_chunks = k.seg_chunks;
+  k.sum_split = 1;
+  k.sum_tile = 64;
+  k.sum_part_chunks = k.seg_chunks;
   if (w.max_segments > 1) {
     k.seg_sums = reinterpret_cast<float*>(ws + w.seg_sums);
     k.seg_carry = reinterpret_cast<float*>(ws + w.seg_carry);
@@ -342,6 +345,7 @@ kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStat
     const int64_t len = (k.nchunks + want - 1) / want;
     k.seg_chunks = static_cast<int32_t>(len);
     k.seg0_chunks = k.seg_chunks;
+    k.sum_part_chunks = k.seg_chunks;
     k.nseg = static_cast<int32_t>((k.nchunks + len - 1) / len);
   }
   if (!overlap_enabled()) k.ready = nullptr;
@@ -395,10 +399,27 @@ bool runs_specialized(const kernels::SsdParams& k) {
   return kernels::fused_walk_specialized_supported(k) && (e == nullptr || std::string(e) != "0");
 }
 
+// Whether fused_walk's segment sums may split their segments (SsdParams::sum_split), and into how
+// many parts at most (the workspace holds max_segments - 1 sums per walk and head).
+bool sums_splittable(const kernels::SsdParams& k) {
+  return k.nseg > 1 && !k.sums_cumsum && !k.varlen && k.seg0_chunks == k.seg_chunks;
+}
+int max_sum_split(const kernels::SsdParams& k, const WorkspacePlan& w) {
+  return k.nseg > 1 ? (w.max_segments - 1) / (k.nseg - 1) : 1;
+}
+detail::SegmentSums sums_plan(const kernels::SsdParams& k, const WorkspacePlan& w, int sm_count) {
+  const int64_t walk_heads = (k.varlen ? k.nseq : k.batch) * k.nheads;
+  // (the longest summed segment: the first where it is the shorter of two)
+  const int64_t chain = std::max<int64_t>(k.seg0_chunks, k.nseg > 2 ? k.seg_chunks : 0);
+  return detail::segment_sums_plan(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, chain, sums_splittable(k),
+                                   max_sum_split(k, w), sm_count);
+}
+
 // fused_walk's parameters: its segment sums in 64-column tiles, no progress counters (nothing
 // runs alongside), chunk states stored only for the caller or for varlen_states, two segments
 // of the specialised kernel split unevenly where that balances the SMs (first_segment_chunks),
-// and chunk_cumsum's work done by the segment sums where their segments are short.
+// chunk_cumsum's work done by the segment sums where their segments are short, and the sums'
+// parts (sums_plan).
 kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, const WorkspacePlan& w,
                                 int sm_count) {
   kernels::PassStateConfig c;
@@ -417,6 +438,14 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
   const char* e = std::getenv("MAMBA2_SSD_SUMS_CUMSUM");
   k.sums_cumsum = detail::sums_take_cumsum(k.nseg, k.seg_chunks) && k.seg0_chunks == k.seg_chunks &&
                   (e == nullptr || std::string(e) != "0");
+  const detail::SegmentSums plan = sums_plan(k, w, sm_count);
+  k.sum_tile = plan.tile;
+  k.sum_split = plan.split;
+  // MAMBA2_SSD_SUMS_SPLIT=n: n parts per summed segment where they apply (for measuring).
+  if (const char* s = std::getenv("MAMBA2_SSD_SUMS_SPLIT"); s != nullptr && sums_splittable(k)) {
+    k.sum_split = std::clamp(std::atoi(s), 1, std::max(std::min<int>(max_sum_split(k, w), k.seg_chunks), 1));
+  }
+  k.sum_part_chunks = (k.seg_chunks + k.sum_split - 1) / k.sum_split;
   const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
   if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;
   return k;
@@ -430,8 +459,7 @@ void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k,
   if (fused) {
     const int64_t walk_heads = (k.varlen ? k.nseq : k.batch) * k.nheads;
     if (k.nseg > 1) {
-      kernels::launch_segment_sums(k, segment_sums_tile(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, sm_count),
-                                   stream);
+      kernels::launch_segment_sums(k, k.sum_tile, stream);
     }
     const bool specialized = runs_specialized(k);
     kernels::launch_fused_walk(k, fused_walk_variant(k.dstate, k.chunk, walk_heads * k.nseg, sm_count, specialized),

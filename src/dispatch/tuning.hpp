@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "kernels/fused_walk_variant.hpp"
@@ -159,17 +160,48 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
   return seg;
 }
 
-// The column tile of fused_walk's segment sums (kernels::launch_segment_sums): 128 where the
-// 64-column CTAs would run in more than one wave of three per SM (headdim 64, chunks of 128):
-// one X tile then serves twice the columns, a quarter less L2 traffic per step, and the sums of
-// the anchor dstate 128 at 16K / 64K tokens (448 / 960 CTAs of 64 columns) made the call 7% / 5%
-// faster; in one wave the longer 128-column steps only lengthen the chain (anchor dstate 128 at
-// 1K, 192 CTAs: +2%; dstate 256 at 16K, 384: +1%) (H200, 2026-11-30 v17).
-inline int segment_sums_tile(int64_t headdim, int64_t dstate, int64_t chunk, int64_t walk_heads, int nseg,
-                             int sm_count) {
-  if (headdim != 64 || chunk != 128 || dstate <= 64 || nseg < 2) return 64;
-  const int64_t ctas64 = walk_heads * ((dstate + 63) / 64) * (nseg - 1);
-  return ctas64 > 3 * static_cast<int64_t>(sm_count) ? 128 : 64;
+// fused_walk's segment sums (kernels::launch_segment_sums): their column tile, 64 (three CTAs per
+// SM) or 128 (two; headdim 64, chunks of 128), and the parts each summed segment is split into
+// (SsdParams::sum_split; `splittable`: segments of one length without chunk_cumsum's work, the
+// batched layout; at most max_split and 4 parts, and kMaxSplitSums sums per walk and head, which
+// each walk combines at its start: 1 row x 10 heads x 16K in 13 segments and 20 x 64K in 6 took
+// 0.5-0.7% longer with 128-column sums in 2 parts, 24 and 10 sums).
+// - Where the 64-column CTAs would run in more than one wave: 128 columns, one part. One X tile
+//   then serves twice the columns, a quarter less L2 traffic per step: the anchor dstate 128 at
+//   16K / 64K tokens (448 / 960 CTAs of 64 columns) 7% / 5% faster (H200, 2026-11-30 v17).
+// - Within one wave each sum CTA's chain of steps is the sums' time: the most parts that keep the
+//   CTAs of either tile within one wave, the tile with the shorter chain. Anchor dstate 512 (128
+//   columns in 2 parts) 4K / 16K / 64K 130.0 -> 125.5, 463.6 -> 439.0, 1,784 -> 1,668 us; dstate
+//   128 (64 columns in 2 parts) 4K 41.3 -> 40.4, 16K 127.2 -> 118.6 us. Parts that take a second
+//   wave were slower even with shorter chains (dstate 128 16K in 3 parts 130.2 us, 4K 45.1) (H200,
+//   2026-12-01 v32).
+// - Chains equally long: 128 columns above dstate 128 from 64 chunks per chain, else 64, the
+//   shorter step (anchor dstate 256 at 64K / 256K tokens 839 -> 814 us / 3.435 -> 3.343 ms,
+//   128-chunk and 512-chunk chains; at 4K 68.6 -> 70.0 us, 8 chunks; v17: dstate 128 at 1K +2%).
+constexpr int64_t kMaxSplitSums = 8;
+struct SegmentSums {
+  int tile;   // state columns per sum CTA
+  int split;  // SsdParams::sum_split
+};
+inline SegmentSums segment_sums_plan(int64_t headdim, int64_t dstate, int64_t chunk, int64_t walk_heads, int nseg,
+                                     int64_t seg_chunks, bool splittable, int max_split, int sm_count) {
+  if (headdim != 64 || chunk != 128 || nseg < 2) return {64, 1};
+  const int64_t sm = std::max(sm_count, 1), sums = walk_heads * (nseg - 1);
+  const bool wide = dstate > 64;  // (at most 64 columns: one tile of 64 either way)
+  const int64_t cap =
+      splittable ? std::clamp<int64_t>(std::min<int64_t>({max_split, seg_chunks, kMaxSplitSums / (nseg - 1)}), 1, 4)
+                 : 1;
+  // The most parts whose CTAs fit one wave (0: not even one part does).
+  auto parts = [&](int64_t ctas, int64_t slots) { return ctas <= slots ? std::min(cap, slots / ctas) : int64_t{0}; };
+  const int64_t r64 = parts(sums * ((dstate + 63) / 64), 3 * sm);
+  const int64_t r128 = wide ? parts(sums * ((dstate + 127) / 128), 2 * sm) : 0;
+  if (r64 == 0 && r128 == 0) return {wide ? 128 : 64, 1};
+  auto chain = [&](int64_t r) {
+    return r > 0 ? (seg_chunks + r - 1) / r : std::numeric_limits<int64_t>::max();
+  };
+  const int64_t l64 = chain(r64), l128 = chain(r128);
+  if (l128 < l64 || (l128 == l64 && l128 >= 64 && dstate > 128)) return {128, static_cast<int>(r128)};
+  return {64, static_cast<int>(r64)};
 }
 
 // Whether fused_walk's segment sums compute chunk_cumsum's outputs themselves, each sum CTA for its

@@ -68,7 +68,9 @@ struct SsdParams {
   // T_k = seg_carry[k-1] T_{k-1} + seg_sums[k-1]. ready is then [walk][head][segment][tile], a
   // counter holding the absolute chunk count its CTA has stored up to. nseg = 1: no segments
   // (seg_chunks >= every walk's chunk count; nchunks, the varlen layout's bound on all chunks, is).
-  int32_t nseg, seg_chunks, seg0_chunks;
+  // (sum_split in the padding after seg0_chunks, where the others' offsets stay; sum_tile and
+  // sum_part_chunks: at the end)
+  int32_t nseg, seg_chunks, seg0_chunks, sum_split;
   float* seg_sums; float* seg_carry;
   // The segment sums compute cum, dtp, wst and carry (chunk_decay.cuh) of their own chunks and,
   // shared among them, of the last segment's, and store them for fused_walk, instead of
@@ -80,6 +82,16 @@ struct SsdParams {
   void* out; DType io_dtype; int64_t out_sb, out_st, out_sh;
   void* final_states; DType fin_dtype; int64_t fin_sb, fin_sh, fin_sp;
   void* varlen_states; DType vs_dtype; int64_t vs_sb, vs_sh, vs_sp;
+
+  // ---- fused_walk's segment sums (sum_split: above, beside nseg, in the same constant-cache line;
+  // the others added last, so that no other field moved)
+  // sum_split: the sums launch splits each summed segment into sum_split parts of
+  // ceil(seg_chunks / sum_split) chunks (the last may be shorter or empty), one CTA chain each,
+  // stored in order ([walk][head][segment x sum_split + part]): the state entering segment k
+  // combines the first k x sum_split of them the same way (fused_walk only, segments of one
+  // length, without sums_cumsum; else 1). sum_tile: the sums launch's column tile (64 or 128;
+  // host side only); sum_part_chunks: ceil(seg_chunks / sum_split).
+  int32_t sum_tile, sum_part_chunks;
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -286,6 +298,8 @@ __device__ __forceinline__ SegmentRange segment_range(const SsdParams& p, int se
   const int32_t end = begin + p.seg_chunks - (seg > 0 ? 0 : shorter);
   return {begin, p.nseg > 1 && end < nchunks ? end : nchunks};
 }
+// The segment sums stored per (walk, head) (see sum_split).
+__device__ __forceinline__ int sums_per_walk_head(const SsdParams& p) { return (p.nseg - 1) * p.sum_split; }
 // fused_walk's segment for the CTA index `z` (walk z / nseg): with a short first segment the
 // last segment's CTAs come first, so that the long runs start in the first wave and the short
 // ones fill the SMs beside them (tuning.hpp: first_segment_chunks).

@@ -189,10 +189,11 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
     st::load_tile<kWG>(hacc, src, p.init_dtype, p.init_sp, 0, n_own(), p);
   } else if (seg > 0) {
     // (see state_from_sums)
-    const int64_t base = (walk.walk * p.nheads + h) * (p.nseg - 1);
+    const int64_t base = (walk.walk * p.nheads + h) * sums_per_walk_head(p);
     // (Two warpgroups: the second one's last tile is past dstate when dstate <= 192; no sums
     // there, and its columns stay 0.)
-    state_from_sums<kWG != 1, kWG == 1 ? 2 : 1>(hacc, p, base, seg, rank_now() * NK + wg * F::kStateSlices, wtid);
+    state_from_sums<kWG != 1, kWG == 1 ? 2 : 1>(hacc, p, base, seg * p.sum_split, rank_now() * NK + wg * F::kStateSlices,
+                                                wtid);
   } else {
     clear(hacc);
   }

@@ -64,8 +64,9 @@ __host__ __device__ constexpr int buffer_bytes(int block_bytes, int q) {
   return ((q / kM) * block_bytes + kWG * weight_arrays<kCtas> * q * 4 + 1023) / 1024 * 1024;
 }
 
-// The state entering segment `seg` > 0, from fwd_pass_state's segment sums (64 x 64 tiles in
-// fragment order; value v of a warpgroup's fragment is value v % 32 of its tile tile0 + v / 32):
+// The state after the first `seg` > 0 segment sums (seg x SsdParams::sum_split for the state
+// entering segment seg), from fwd_pass_state's segment sums (64 x 64 tiles in fragment order;
+// value v of a warpgroup's fragment is value v % 32 of its tile tile0 + v / 32):
 // T_1 = sum_0, T_k = carry_{k-1} T_{k-1} + sum_{k-1}. kGuard: tiles from p.ready_tiles on (columns
 // past dstate) have no sums and read as 0; kUnroll: of the loop over the segments.
 template <bool kGuard, int kUnroll, class Acc>

@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       st::load_tile<1>(hacc, src, p.init_dtype, p.init_sp, 0, 0, p);
     } else if (seg > 0) {
       // (not unrolled: the state warpgroup's 144 registers)
-      state_from_sums<true, 1>(hacc, p, (walk.walk * p.nheads + h) * (p.nseg - 1), seg, 0, wtid);
+      state_from_sums<true, 1>(hacc, p, (walk.walk * p.nheads + h) * sums_per_walk_head(p), seg * p.sum_split, 0,
+                               wtid);
     } else {
       clear(hacc);
     }

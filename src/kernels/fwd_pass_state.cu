@@ -87,12 +87,15 @@ constexpr int sums_cumsum_bytes(int chunks) {
 // launch: segment k starts from the state entering it, combined from the earlier segments' sums.
 // (Template parameters: the walk's chain loop carries none of the sums' code; with it as a
 // run-time flag the walk was 4% slower on the H200. With chunk_cumsum's work behind a run-time
-// flag, the sums without it made calls up to 6% slower: anchor dstate 256 at 4K, 71 -> 76 us.)
-template <class T, int NT, int KS, int kStages, bool kSumsOnly, bool kCumsum = false>
+// flag, the sums without it made calls up to 6% slower: anchor dstate 256 at 4K, 71 -> 76 us.
+// kSplit: the sums of segments split into parts (SsdParams::sum_split > 1); with its code in the
+// one sums instantiation, unsplit calls were up to 0.8% slower: 1 row x 20 heads at 64K.)
+template <class T, int NT, int KS, int kStages, bool kSumsOnly, bool kCumsum = false, bool kSplit = false>
 __global__ void __launch_bounds__(st::kThreads)
     fwd_pass_state_kernel(const SsdParams p, const __grid_constant__ PassMaps maps) {
   constexpr bool sums_only = kSumsOnly;
   static_assert(sums_only || !kCumsum, "chunk_cumsum's work is the sums'");
+  static_assert(!kSplit || (sums_only && !kCumsum), "split sums: the sums alone");
   using Tl = PassTiles<T, NT, KS>;
   extern __shared__ __align__(1024) char smem_raw[];
   // 1024-byte alignment by an offset from smem_raw, so that the compiler still sees shared
@@ -110,13 +113,22 @@ __global__ void __launch_bounds__(st::kThreads)
   const int n0 = (blockIdx.x % n_tiles) * NT;
   const int64_t h = blockIdx.y;
   constexpr bool sums_cumsum = kCumsum;
-  const int nseg_grid = sums_only ? p.nseg - 1 : p.nseg;
-  const int seg = static_cast<int>(blockIdx.z % nseg_grid);
+  // The sums: CTA z sums part z % sum_split of segment z / sum_split (of its walk), sum z.
+  // (the sums per walk and head; the walks' launch takes unsplit sums, see launch_checked)
+  const int sums_per_wh = kSplit ? sums_per_walk_head(p) : p.nseg - 1;
+  const int nseg_grid = sums_only ? sums_per_wh : p.nseg;
+  const int sum_idx = static_cast<int>(blockIdx.z % nseg_grid);
   const Walk walk = make_walk(p, blockIdx.z / nseg_grid);
   const int64_t grp = h / p.heads_per_group;
+  const int seg = kSplit ? sum_idx / p.sum_split : sum_idx;
   // This CTA's chunks: [c_begin, c_end) of the walk. In the varlen layout the segment length is
   // the same for every sequence, so a short sequence leaves its later segments empty.
-  const SegmentRange range = segment_range(p, seg, walk.nchunks);
+  SegmentRange range = segment_range(p, seg, walk.nchunks);
+  if constexpr (kSplit) {  // (part `part` of the segment; an empty part sums to 0)
+    const int part = sum_idx - seg * p.sum_split;
+    range.begin = min(range.begin + part * p.sum_part_chunks, range.end);
+    range.end = min(range.begin + p.sum_part_chunks, range.end);
+  }
   const int64_t c_begin = range.begin, c_end = range.end;
   if (seg > 0 && c_begin >= walk.nchunks) return;
   // This CTA's progress counter: the walk's chunk count up to which it has stored the states.
@@ -159,7 +171,7 @@ __global__ void __launch_bounds__(st::kThreads)
   }
   // Segment sums and carry products: [walk][head][segment][tile] blocks, fragment order.
   constexpr int kAccVals = st::kP * NT / st::kThreads;
-  const int64_t sum_base = (walk.walk * p.nheads + h) * (p.nseg - 1);
+  const int64_t sum_base = (walk.walk * p.nheads + h) * sums_per_wh;
   auto sum_ptr = [&](int k) {
     return p.seg_sums + ((sum_base + k) * p.ready_tiles + blockIdx.x) * (kAccVals * st::kThreads) + tid;
   };
@@ -168,7 +180,7 @@ __global__ void __launch_bounds__(st::kThreads)
   auto thr = mma.get_slice(tid);
   Tensor acc = partition_fragment_C(mma, Shape<Int<st::kP>, Int<NT>>{});
   static_assert(decltype(size(acc))::value == kAccVals, "accumulator fragment size");
-  if (seg == 0 && p.init != nullptr) {
+  if (sum_idx == 0 && p.init != nullptr) {  // (segment 0; the sums: its part 0)
     const void* src = static_cast<const char*>(p.init) +
                       (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
     st::load_tile(acc, src, p.init_dtype, p.init_sp, p0, n0, p);
@@ -347,17 +359,17 @@ __global__ void __launch_bounds__(st::kThreads)
     for (int v = 0; v < kAccVals; ++v) {
       const int tile = 2 * blockIdx.x + v / 32;
       if (tile < p.ready_tiles) {
-        p.seg_sums[((sum_base + seg) * p.ready_tiles + tile) * (32 * st::kThreads) + (v % 32) * st::kThreads + tid] =
-            acc(v);
+        p.seg_sums[((sum_base + sum_idx) * p.ready_tiles + tile) * (32 * st::kThreads) + (v % 32) * st::kThreads +
+                   tid] = acc(v);
       }
     }
-    if (blockIdx.x == 0 && tid == 0) p.seg_carry[sum_base + seg] = carry_product;
+    if (blockIdx.x == 0 && tid == 0) p.seg_carry[sum_base + sum_idx] = carry_product;
     return;
   } else if constexpr (sums_only) {
-    float* dst = sum_ptr(seg);
+    float* dst = sum_ptr(sum_idx);
 #pragma unroll
     for (int v = 0; v < kAccVals; ++v) dst[v * st::kThreads] = acc(v);
-    if (blockIdx.x == 0 && tid == 0) p.seg_carry[sum_base + seg] = carry_product;
+    if (blockIdx.x == 0 && tid == 0) p.seg_carry[sum_base + sum_idx] = carry_product;
     return;
   }
   __syncthreads();
@@ -387,9 +399,9 @@ CtaFootprint footprint_typed() {
 }
 
 // One kernel instantiation with its dynamic shared memory limit raised on the current device.
-template <class T, int NT, int KS, int kStages, bool kSumsOnly, bool kCumsum = false>
+template <class T, int NT, int KS, int kStages, bool kSumsOnly, bool kCumsum = false, bool kSplit = false>
 auto prepared_kernel() {
-  auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly, kCumsum>;
+  auto kernel = fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly, kCumsum, kSplit>;
   raise_smem_limit(reinterpret_cast<const void*>(kernel),
                    pass_smem_bytes<T, NT, KS, kStages>() + (kCumsum ? sums_cumsum_bytes<KS>(kSumsCumsumMaxChunks) : 0),
                    false, "cudaFuncSetAttribute(fwd_pass_state)");
@@ -440,8 +452,15 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
       }
       if constexpr (NT != 32) sums = prepared_kernel<T, NT, KS, kSumStages, true, true>();
       smem += sums_cumsum_bytes<KS>(p.seg_chunks);
+    } else if (p.sum_split > 1) {
+      // (fused_walk's sums only: 64- and 128-column tiles, chunks of 128; launch_checked checked the rest)
+      if (NT == 32 || KS != 128) {
+        throw_launch_error("fwd_pass_state: segment sums split into parts take dstate tiles of 64 or 128 and chunks "
+                           "of 128, got tile " + std::to_string(NT) + ", chunk " + std::to_string(p.chunk));
+      }
+      if constexpr (NT != 32 && KS == 128) sums = prepared_kernel<T, NT, KS, kSumStages, true, false, true>();
     }
-    dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1)));
+    dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1) * p.sum_split));
     launch_kernel(sums, grid_sums, dim3(st::kThreads), smem, stream, true, 1, "launch fwd_pass_state (segment sums)", p,
                   maps);
   }
@@ -532,6 +551,14 @@ void launch_checked(const SsdParams& p, const PassStateConfig& cfg, bool sums_on
   if (walks * p.nseg > 65535) {
     throw_launch_error("fwd_pass_state: at most 65535 walks x segments per launch, got " +
                        std::to_string(walks * p.nseg));
+  }
+  if (p.sum_split < 1 || (p.nseg > 1 && static_cast<int64_t>(p.sum_part_chunks) * p.sum_split < p.seg_chunks) ||
+      (p.sum_split > 1 && (!sums_only || p.sums_cumsum || p.varlen || p.seg0_chunks != p.seg_chunks ||
+                           walks * (p.nseg - 1) * p.sum_split > 65535))) {
+    throw_launch_error("fwd_pass_state: segment sums split in " + std::to_string(p.sum_split) + " parts of " +
+                       std::to_string(p.sum_part_chunks) + " chunks (segments of " + std::to_string(p.seg_chunks) +
+                       "), which take parts that cover the segments, the sums alone (fused_walk's), segments of one "
+                       "length, the batched layout, no chunk_cumsum work and at most 65535 walks x sums per launch");
   }
   with_instantiation(p, cfg, LaunchOp{p, walks, sums_only, stream});
 }

@@ -427,7 +427,7 @@ TEST(Gpu, FusedWalk) {
     c.seed = ++seed;
     check_problem(c, "fused-options");
   }
-  // Segment sums in 128-column tiles (segment_sums_tile: more 64-column sum CTAs than three per
+  // Segment sums in 128-column tiles (segment_sums_plan: more 64-column sum CTAs than three per
   // SM), stored as 64-column tiles for fused_walk: dstate 128 (32 walks x 2 tiles x 7 sums) and
   // 256 (8 x 4 x 14), the segment counts the shapes reduce 8 and 16 to.
   int sms = 0;
@@ -437,7 +437,7 @@ TEST(Gpu, FusedWalk) {
     int segments, nseg;
   };
   for (const Wide& w : {Wide{2, 16, 128, 8192 + 40, 8, 8}, Wide{1, 8, 256, 16384 + 3, 16, 15}}) {
-    ASSERT_EQ(detail::segment_sums_tile(64, w.n, 128, w.batch * w.heads, w.nseg, sms), 128)
+    ASSERT_EQ(detail::segment_sums_plan(64, w.n, 128, w.batch * w.heads, w.nseg, 9, true, 1, sms).tile, 128)
         << "dstate " << w.n << " on " << sms << " SMs: the case no longer covers the 128-column sums";
     ProblemConfig c = base_config();
     c.batch = w.batch;
@@ -448,6 +448,35 @@ TEST(Gpu, FusedWalk) {
     if (w.n == 256) c.seq_starts = {{3000, 3001, 9000}};
     c.seed = ++seed;
     check_problem(c, "fused-sums128");
+  }
+  // Segment sums split into parts (SsdParams::sum_split), with initial and final states: dstate
+  // 512 in 2 segments of 16 chunks (128-column sums in 4 parts), dstate 128 in 2 of 5 (64 columns
+  // in 4 parts of 2, 2, 1 and 0 chunks), also with z (the two-warpgroup kernel), in 4 of 9 (2
+  // parts), and fp16 at dstate 256 in 2 of 12 (4 parts).
+  struct Split {
+    DType dtype;
+    int64_t n, seqlen;
+    int segments, nseg, seg_chunks;
+    bool z;
+  };
+  for (const Split& s : {Split{DType::kBFloat16, 512, 4091, 2, 2, 16, false},
+                         Split{DType::kBFloat16, 128, 1200, 2, 2, 5, false},
+                         Split{DType::kBFloat16, 128, 1200, 2, 2, 5, true},
+                         Split{DType::kBFloat16, 128, 4600, 4, 4, 9, false},
+                         Split{DType::kFloat16, 256, 3000, 2, 2, 12, false}}) {
+    ASSERT_GT(detail::segment_sums_plan(64, s.n, 128, 16, s.nseg, s.seg_chunks, true, 15, sms).split, 1)
+        << "dstate " << s.n << " on " << sms << " SMs: the case no longer covers split segment sums";
+    ProblemConfig c = base_config();
+    c.dtype = s.dtype;
+    c.dt_dtype = s.dtype;
+    c.batch = 2;
+    c.nheads = 8;
+    c.dstate = s.n;
+    c.seqlen = s.seqlen;
+    c.has_z = s.z;
+    c.kernel_config = {0, 0, 0, s.segments, 2};
+    c.seed = ++seed;
+    check_problem(c, "fused-sums-split");
   }
   // fused_walk's variants, each case asserting that it still selects its variant on this GPU:
   // three CTAs per SM at dstate 64 (1 row x 32 heads in 12 segments: 384 CTAs), bf16 with seq_idx

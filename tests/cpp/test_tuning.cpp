@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "dispatch/tuning.hpp"
 #include "dispatch/tuning_cache.hpp"
@@ -61,7 +62,7 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
   const ProblemConfig base = small_config();
   const std::string k = key_of(base);
   EXPECT_EQ(k, key_of(base));
-  EXPECT_EQ(k.rfind("k31|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
+  EXPECT_EQ(k.rfind("k32|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
   ProblemConfig c = base;
   c.seqlen = 280;  // same power-of-two bucket of tokens per row (512)
   EXPECT_EQ(key_of(c), k);
@@ -230,18 +231,42 @@ TEST(TuningHeuristic, WalkSegmentsAllowed) {
 }
 
 // fused_walk's segment sums: 128-column tiles where the 64-column CTAs would exceed one wave of
-// three per SM (v17 A/B on the H200), with headdim 64 and 128-token chunks only.
-TEST(TuningHeuristic, SegmentSumsTile) {
-  using detail::segment_sums_tile;
-  EXPECT_EQ(segment_sums_tile(64, 128, 128, 32, 8, 132), 128);   // anchor dstate 128 16K: 448 CTAs
-  EXPECT_EQ(segment_sums_tile(64, 128, 128, 32, 16, 132), 128);  // ... 64K: 960
-  EXPECT_EQ(segment_sums_tile(64, 256, 128, 8, 16, 132), 128);   // 1 x 16K x 8 heads: 480
-  EXPECT_EQ(segment_sums_tile(64, 128, 128, 32, 4, 132), 64);    // anchor dstate 128 1K: 192
-  EXPECT_EQ(segment_sums_tile(64, 256, 128, 32, 4, 132), 64);    // anchor dstate 256 16K: 384
-  EXPECT_EQ(segment_sums_tile(64, 64, 128, 320, 16, 132), 64);   // dstate 64: one tile either way
-  EXPECT_EQ(segment_sums_tile(64, 128, 64, 320, 16, 132), 64);   // chunks of 64
-  EXPECT_EQ(segment_sums_tile(128, 128, 128, 320, 16, 132), 64);  // headdim 128
-  EXPECT_EQ(segment_sums_tile(64, 128, 128, 320, 1, 132), 64);   // no segments
+// three per SM (v17 A/B on the H200); within one wave the most parts per segment that keep it
+// one (up to 8 sums per walk and head), the tile with the shorter chain, 128 columns for equal
+// chains of 64 chunks and more above dstate 128 (v32); headdim 64 and 128-token chunks only.
+TEST(TuningHeuristic, SegmentSumsPlan) {
+  auto plan = [](int64_t headdim, int64_t dstate, int64_t chunk, int64_t walk_heads, int nseg, int64_t seg_chunks,
+                 bool splittable, int max_split) {
+    const detail::SegmentSums s =
+        detail::segment_sums_plan(headdim, dstate, chunk, walk_heads, nseg, seg_chunks, splittable, max_split, 132);
+    return std::pair<int, int>(s.tile, s.split);
+  };
+  using P = std::pair<int, int>;
+  // More than a wave of 64-column CTAs: 128 columns, one part.
+  EXPECT_EQ(plan(64, 128, 128, 32, 8, 16, true, 2), P(128, 1));    // 448 CTAs of 64 columns, 224 of 128
+  EXPECT_EQ(plan(64, 128, 128, 32, 16, 32, true, 1), P(128, 1));   // 960
+  EXPECT_EQ(plan(64, 256, 128, 8, 16, 32, true, 1), P(128, 1));    // 480
+  EXPECT_EQ(plan(64, 64, 128, 320, 16, 8, true, 1), P(64, 1));     // dstate 64: one tile either way
+  // Within one wave: parts (anchor dstate 128 at 16K in 4 segments: 192 CTAs, 2 parts; dstate 512
+  // at 16K in 2: 128 CTAs of 128 columns, 2 parts; 8 walks x heads in 2 segments: 4 parts, the
+  // most; in 4: 2, the 8 sums), not where the segments cannot split.
+  EXPECT_EQ(plan(64, 128, 128, 32, 4, 32, true, 5), P(64, 2));
+  EXPECT_EQ(plan(64, 128, 128, 32, 4, 32, false, 5), P(64, 1));
+  EXPECT_EQ(plan(64, 512, 128, 32, 2, 64, true, 15), P(128, 2));
+  EXPECT_EQ(plan(64, 64, 128, 8, 2, 10, true, 15), P(64, 4));
+  EXPECT_EQ(plan(64, 64, 128, 8, 4, 10, true, 5), P(64, 2));
+  EXPECT_EQ(plan(64, 128, 128, 10, 13, 10, true, 1), P(64, 1));   // 1 x 10 heads x 16K: 12 sums
+  EXPECT_EQ(plan(64, 128, 128, 2, 2, 2, true, 15), P(64, 2));      // at most one part per chunk
+  EXPECT_EQ(plan(64, 128, 128, 32, 4, 32, true, 1), P(64, 1));     // the workspace's sums
+  // Equal chains: 128 columns from 64 chunks above dstate 128 (anchor dstate 256 at 64K / 16K in
+  // 4 segments; 1 row x 20 heads at dstate 128 and 64K in 6).
+  EXPECT_EQ(plan(64, 256, 128, 32, 4, 128, true, 5), P(128, 1));
+  EXPECT_EQ(plan(64, 256, 128, 32, 4, 32, true, 5), P(64, 1));
+  EXPECT_EQ(plan(64, 128, 128, 20, 6, 86, true, 3), P(64, 1));
+  // No sums plan but 64 columns in one part.
+  EXPECT_EQ(plan(64, 128, 64, 320, 16, 8, true, 1), P(64, 1));     // chunks of 64
+  EXPECT_EQ(plan(128, 128, 128, 32, 4, 32, true, 5), P(64, 1));    // headdim 128
+  EXPECT_EQ(plan(64, 128, 128, 320, 1, 8, true, 1), P(64, 1));     // no segments
 }
 
 // fused_walk takes headdim 64 with dstate up to 128 and chunks of 64 or 128 tokens, or dstate up
