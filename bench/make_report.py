@@ -76,6 +76,8 @@ def run_lines(metas, ceils, sources):
             f"mamba_ssm {_v(ms.get('version'))} (Triton files from {_v(ms.get('found_by'))}); "
             f"`bench/bench.py {' '.join(m.get('argv') or [])}`"
             + (f"; {m['elapsed_s']:.0f} s" if isinstance(m.get("elapsed_s"), (int, float)) else ""))
+        if m.get("reconstructed"):
+            out.append(f"- **This run's results.json was reconstructed:** {m['reconstructed']}.")
         tuned = m.get("triton_tuned_on")
         out.append(
             f"- **Triton's autotuning{'' if len(metas) == 1 else f' (run {i + 1})'}:** "

@@ -164,8 +164,8 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
 // SM) or 128 (two; headdim 64, chunks of 128), and the parts each summed segment is split into
 // (SsdParams::sum_split; `splittable`: segments of one length without chunk_cumsum's work, the
 // batched layout; at most max_split and 4 parts, and kMaxSplitSums sums per walk and head, which
-// each walk combines at its start: 1 row x 10 heads x 16K in 13 segments and 20 x 64K in 6 took
-// 0.5-0.7% longer with 128-column sums in 2 parts, 24 and 10 sums).
+// each walk combines at its start: 1 row x 10 heads x 16K in 13 segments, 24 sums in 2 parts of
+// 128 columns, took 0.7% longer, about half of it then the sums kernel's code, design log v32).
 // - Where the 64-column CTAs would run in more than one wave: 128 columns, one part. One X tile
 //   then serves twice the columns, a quarter less L2 traffic per step: the anchor dstate 128 at
 //   16K / 64K tokens (448 / 960 CTAs of 64 columns) 7% / 5% faster (H200, 2026-11-30 v17).
