@@ -58,7 +58,7 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 //   416 against 452 us, H200 2026-11-30 v19).
 // - The specialised kernel (dstate 65-128, chunks of 128; fused_walk_variant): one CTA per SM,
 //   0.55 per chunk and 4 chunks of start-up per wave, and the sums in 128-column CTAs where the
-//   64-column ones would take more than a wave (segment_sums_tile). Fitted to its H200 graph times
+//   64-column ones would take more than a wave (segment_sums_plan). Fitted to its H200 graph times
 //   at 1-16 segments on 12 anchor, model and tensor-parallel calls (2026-11-30, design log v24): it
 //   picks the fastest on 11 (4 rows x 80 heads x 64 chunks: 2 segments, 550 us against 532 in 1).
 //   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
@@ -127,7 +127,8 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
                                                    : fused_walk_ctas_per_sm(64 * dstate_tiles);
     const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
     int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
-    if (specialized && sum_ctas > sum_slots) sum_ctas = (sum_ctas + 1) / 2;  // (128-column sums, segment_sums_tile)
+    // (128-column sums, segment_sums_plan; its parts are not priced)
+    if (specialized && sum_ctas > sum_slots) sum_ctas = (sum_ctas + 1) / 2;
     const double len = static_cast<double>(len_chunks);
     const bool alone = per_sm == 2 && ctas <= sm_count;
     const double unit = variant == V::kSpecialized    ? 0.55

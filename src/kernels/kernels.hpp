@@ -104,7 +104,8 @@ void launch_fwd_pass_state(const SsdParams& p, const PassStateConfig& cfg, cudaS
 // Only fwd_pass_state's segment sums (p.nseg > 1), for fused_walk: CTAs of 64 x dstate_tile
 // (32, 64, or 128 with headdim 64 and chunks of 128), the sums stored in 64 x dstate_tile tiles
 // (128: in 64 x 64 tiles, as with 64). With p.sums_cumsum (dstate tile 64 or 128) they also do
-// chunk_cumsum's work for every chunk, which is then not launched.
+// chunk_cumsum's work for every chunk, which is then not launched. With p.sum_split > 1 (dstate
+// tile 64 or 128, chunks of 128) each summed segment is summed in that many parts, one sum each.
 void launch_segment_sums(const SsdParams& p, int dstate_tile, cudaStream_t stream);
 // out for every chunk. Launched right after fwd_pass_state (programmatic dependent launch): it
 // runs alongside, waiting on p.ready before it reads a chunk state, and its CTAs of the last
