@@ -210,12 +210,10 @@ OURS_KERNEL_KEYS = [
     ("chunk_cumsum", "chunk_cumsum"),
     ("fused_walk", "fused_walk"),
     # fwd_pass_state_kernel<T, NT, KS, kStages, kSumsOnly, kCumsum, kSplit>: the sum-only
-    # instantiations (before v32 without kSplit)
+    # instantiations
     (", true, false, false>(", "segment_sums"),
     (", true, true, false>(", "segment_sums"),
     (", true, false, true>(", "segment_sums"),
-    (", true, false>(", "segment_sums"),
-    (", true, true>(", "segment_sums"),
     ("fwd_pass_state", "fwd_pass_state"),
     ("compute_out", "compute_out"),
     ("chunk_offsets", "chunk_offsets"),
