@@ -109,8 +109,9 @@ def test_kernels_from_trace(tmp_path):
     assert roofline.classify_kernel(ours, roofline.OURS_KERNEL_KEYS) == "compute_out"
     assert roofline.classify_kernel("fwd_pass_state_kernel<64>", roofline.OURS_KERNEL_KEYS) == "fwd_pass_state"
     pass_state = "void mamba2_ssd::kernels::(anonymous namespace)::fwd_pass_state_kernel<cutlass::bfloat16_t, 64, 128, 2, {}>(SsdParams, PassMaps)"
-    assert roofline.classify_kernel(pass_state.format("false, false"), roofline.OURS_KERNEL_KEYS) == "fwd_pass_state"
-    for sums in ("true, false", "true, true"):  # (chunk_cumsum's work in the sums or not)
+    assert roofline.classify_kernel(pass_state.format("false, false, false"), roofline.OURS_KERNEL_KEYS) == "fwd_pass_state"
+    # (kSumsOnly, kCumsum, kSplit: chunk_cumsum's work in the sums or not, the segments split or not)
+    for sums in ("true, false, false", "true, true, false", "true, false, true"):
         assert roofline.classify_kernel(pass_state.format(sums), roofline.OURS_KERNEL_KEYS) == "segment_sums"
 
 
