@@ -582,4 +582,11 @@ F64Outputs forward_f64(const ForwardParams& p, const ProblemShape& s, int thread
   return r;
 }
 
+double error_bar(Compared what, DType stored, DType io, int64_t elements) {
+  const bool stored16 = stored == DType::kBFloat16 || stored == DType::kFloat16;
+  double bar = what == Compared::kOut ? 3e-3 : stored16 ? 4e-3 : 2.5e-3;
+  if (io == DType::kFloat32) bar = std::max(bar, 4e-3);
+  return elements < kFewElements ? 1.5 * bar : bar;
+}
+
 }  // namespace mamba2_ssd::reference

@@ -867,4 +867,18 @@ TEST(ReferenceErrors, InconsistentArgumentsThrowError) {
   }
 }
 
+// The error bars that `mamba2-ssd check` and the GPU tests share.
+TEST(ReferenceErrorBars, ByOutputStoredDtypeInputsAndSize) {
+  using mamba2_ssd::DType;
+  using ref::Compared;
+  const int64_t many = ref::kFewElements;
+  EXPECT_DOUBLE_EQ(ref::error_bar(Compared::kOut, DType::kBFloat16, DType::kBFloat16, many), 3e-3);
+  EXPECT_DOUBLE_EQ(ref::error_bar(Compared::kState, DType::kFloat32, DType::kBFloat16, many), 2.5e-3);
+  EXPECT_DOUBLE_EQ(ref::error_bar(Compared::kState, DType::kBFloat16, DType::kBFloat16, many), 4e-3);
+  EXPECT_DOUBLE_EQ(ref::error_bar(Compared::kState, DType::kFloat16, DType::kFloat16, many), 4e-3);
+  EXPECT_DOUBLE_EQ(ref::error_bar(Compared::kOut, DType::kFloat32, DType::kFloat32, many), 4e-3);
+  EXPECT_DOUBLE_EQ(ref::error_bar(Compared::kState, DType::kFloat32, DType::kFloat32, many), 4e-3);
+  EXPECT_DOUBLE_EQ(ref::error_bar(Compared::kState, DType::kFloat32, DType::kBFloat16, many - 1), 1.5 * 2.5e-3);
+}
+
 }  // namespace
