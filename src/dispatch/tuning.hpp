@@ -36,131 +36,6 @@ inline bool fused_walk_applies(const ProblemShape& s) {
   return s.dstate <= 512 && s.chunk_size == 128;
 }
 
-// fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks with states of
-// dstate_tiles 64-column tiles: the count with the least modelled time, in units of one chunk of a
-// CTA that shares its SM with another (two fit per SM; dstate above 128: one CTA of two
-// warpgroups per SM, its chunk counted as one such unit; above 256: two such CTAs per walk).
-// - fused_walk: its CTAs run in waves of ctas_per_sm x sm_count, each wave costing its segment
-//   length plus one chunk of start-up; where two fit per SM but all CTAs fit one per SM they run
-//   alone, 1.5x faster (anchor dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
-//   At dstate 65-128 in chunks of 128 those run two warpgroups per CTA (fused_walk_variant): 0.64
-//   per chunk and half a chunk of start-up, fitted to forced counts on 37 calls with seq_idx, z,
-//   dstate 64-512 (H200, 2026-11-30 v30: 1 row x 10 heads x 16 chunks with seq_idx in 8 segments,
-//   21.4 us, not 16 of one warpgroup, 24.9; 40 heads in 6, 39.0 us, not 3, 43.1).
-//   The split costed is the one that runs: segments of ceil(chunks / count) chunks.
-// - The segment sums run first, one CTA per chain, tile and segment but the last, three per SM,
-//   each walking its segment: waves of 3 x sm_count CTAs at 0.15 per chunk. Their waves matter:
-//   the sums of the anchor dstate 128 at 64K take 199 us in 8 segments (448 CTAs, two waves of
-//   64 chunks) and 150 us in 16 (960 CTAs, three waves of 32) (ncu, 2026-11-30).
-// - dstate 64 also has a variant of three CTAs per SM, run where its waves are fewer than two per
-//   SM would take (kernels::launch_fused_walk): there a chunk costs 1.38 units (anchor dstate 64
-//   at 64K: 9.75 us per chunk and CTA in 12 segments against 7.06 in 8 with two per SM; the call
-//   416 against 452 us, H200 2026-11-30 v19).
-// - The specialised kernel (dstate 65-128, chunks of 128; fused_walk_variant): one CTA per SM,
-//   0.55 per chunk and 4 chunks of start-up per wave, and the sums in 128-column CTAs where the
-//   64-column ones would take more than a wave (segment_sums_plan). Fitted to its H200 graph times
-//   at 1-16 segments on 12 anchor, model and tensor-parallel calls (2026-11-30, design log v24): it
-//   picks the fastest on 11 (4 rows x 80 heads x 64 chunks: 2 segments, 550 us against 532 in 1).
-//   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
-//   a short first one (first_segment_chunks), priced from their own measurements (below).
-// Counts within 1% of the least: the fewest. Fitted to the H200's graph times of 1-16 segments
-// on 11 anchor, model and tensor-parallel calls (2026-11-30, docs/PERFORMANCE.md v14): it picks
-// the fastest or one within 1% on each (1 row x 20 heads x 512 chunks: 13, 410 us against 544 in
-// 16; 1 row x 80 heads x 512 chunks: 13, 1.41 ms against 1.52 in 6; anchor dstate 128 at 64K: 16,
-// at 16K: 8).
-inline int fused_walk_ctas_per_sm(int64_t dstate) { return dstate > 128 ? 1 : 2; }
-inline int fused_walk_ctas_per_walk(int64_t dstate) { return dstate > 256 ? 2 : 1; }
-inline bool fused_walk_three_per_sm(int64_t dstate, int64_t ctas, int sm_count) {
-  const int64_t sm = std::max(sm_count, 1);
-  return dstate <= 64 && (ctas + 3 * sm - 1) / (3 * sm) < (ctas + 2 * sm - 1) / (2 * sm);
-}
-// The fused_walk kernel for `ctas` CTAs (walks x heads x segments): where they all fit one per SM
-// at dstate 65-128 (chunks of 128), two warpgroups per CTA, one per 64-token block, which shortens
-// each chunk's chain of waits (tensor-parallel 1 x 16K x 10 heads, 13 segments: 75.9 -> 67.3 us;
-// anchor dstate 128 at 1K: 23.2 -> 22.2 us; at dstate 64 the second warpgroup's columns would be
-// past dstate: anchor 1K 20.1 -> 20.9 us, H200 2026-11-30 v19); three per SM as above; else one
-// warpgroup, two CTAs per SM.
-// `specialized`: the call fits kSpecialized (kernels::fused_walk_specialized_supported), which then
-// runs wherever it applies: faster than the others at dstate 65-128 on every anchor and model
-// shape measured (design log v24).
-inline kernels::FusedWalkVariant fused_walk_variant(int64_t dstate, int64_t chunk, int64_t ctas, int sm_count,
-                                                    bool specialized) {
-  if (specialized) return kernels::FusedWalkVariant::kSpecialized;
-  if (dstate > 64 && dstate <= 128 && chunk == 128 && ctas <= std::max(sm_count, 1)) {
-    return kernels::FusedWalkVariant::kTwoWarpgroups;
-  }
-  if (fused_walk_three_per_sm(dstate, ctas, sm_count)) return kernels::FusedWalkVariant::kThreePerSm;
-  return kernels::FusedWalkVariant::kOneWarpgroup;
-}
-// Two segments of the specialised kernel (one CTA per SM) where its walks x heads fill more than
-// half of the SMs but not all (the 2.7B layer's 80 heads on one row): the first segment short
-// and its CTAs on the SMs beside the second's, running `rounds` after one another there while
-// the long ones run once (launched first, fused_segment). Its length balances the two, the
-// start-up of 4 chunks per CTA counted: rest + 4 = rounds x (first + 4), rest = chunks - first.
-// Elsewhere the even split (first = ceil(chunks / 2), rounds = 1). With 80 of 132 SMs, rounds
-// 2: 16 chunks as 4 + 12 (one wave of 12 plus start-up against 16 in one segment), 64 as 20 + 44
-// (against three segments of 22 in two waves).
-struct FirstSegment {
-  int64_t first, rounds;
-};
-inline FirstSegment first_segment_chunks(int64_t walk_heads, int64_t chunks, int sm_count, bool specialized) {
-  const int64_t even = (chunks + 1) / 2, sm = std::max(sm_count, 1);
-  if (!specialized || 2 * walk_heads <= sm || walk_heads >= sm) return {even, 1};
-  const int64_t free_sms = sm - walk_heads;
-  const int64_t rounds = 1 + (2 * walk_heads - sm + free_sms - 1) / free_sms;
-  return {std::clamp<int64_t>((chunks - 4 * (rounds - 1)) / (1 + rounds), 1, even), rounds};
-}
-
-inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int64_t chunk,
-                                   int sm_count, int max_segments, bool specialized = false) {
-  const int64_t sum_slots = 3 * static_cast<int64_t>(sm_count);
-  auto cost = [&](int64_t want) {
-    // (the split that runs: `want` segments of len chunks, fewer where the last ones would be empty)
-    const int64_t len_chunks = (chunks + want - 1) / want;
-    const int64_t seg = (chunks + len_chunks - 1) / len_chunks;
-    const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
-    // (priced by the variant that launch_fused_walk runs for these CTAs)
-    using V = kernels::FusedWalkVariant;
-    const V variant = fused_walk_variant(64 * dstate_tiles, chunk, ctas, sm_count, specialized);
-    const int per_sm = variant == V::kSpecialized  ? 1
-                       : variant == V::kThreePerSm ? 3
-                                                   : fused_walk_ctas_per_sm(64 * dstate_tiles);
-    const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
-    int64_t sum_ctas = walk_heads * dstate_tiles * (seg - 1);
-    // (128-column sums, segment_sums_plan; its parts are not priced)
-    if (specialized && sum_ctas > sum_slots) sum_ctas = (sum_ctas + 1) / 2;
-    const double len = static_cast<double>(len_chunks);
-    const bool alone = per_sm == 2 && ctas <= sm_count;
-    const double unit = variant == V::kSpecialized    ? 0.55
-                        : variant == V::kThreePerSm    ? 1.38
-                        : variant == V::kTwoWarpgroups ? 0.64
-                        : alone                        ? 0.66
-                                                       : 1.0;
-    const double start = variant == V::kSpecialized ? 4.0 : variant == V::kTwoWarpgroups ? 0.5 : 1.0;
-    return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) +
-           0.15 * static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) * len;
-  };
-  // The specialised kernel's walks x heads on more than half of the SMs but not all: one segment,
-  // or two with a short first one (first_segment_chunks), which beat every even split measured
-  // there. The long segment's chunks then cost 1.28 times a chunk of one segment (all SMs busy)
-  // and the sums 0.4 of a chunk more: 80 heads x 1 row, 1 segment / 2 (us) 25.0 / 27.5 at 8
-  // chunks, 44.8 / 44.1 at 16, 82.0 / 76.3 at 32, 157 / 141 at 64, 305 / 271 at 128, 1190 / 1041
-  // at 512 (even splits: 3 segments 81.5, 150, 278, 1096; 8 at 512: 1110); 70 heads x 64 chunks
-  // 155 / 138 (5 segments: 153); 96 heads x 16 and 100 x 32: 46.3 / 48.4 and 84.5 / 85.1 (H200,
-  // 2026-12-01 v31).
-  // (rounds > 1: the regime where first_segment_chunks splits unevenly)
-  if (const FirstSegment f = first_segment_chunks(walk_heads, chunks, sm_count, specialized); f.rounds > 1) {
-    const double rest = static_cast<double>(chunks - f.first);
-    return max_segments >= 2 && f.first < chunks - f.first && 1.28 * rest + 0.4 < static_cast<double>(chunks) ? 2 : 1;
-  }
-  const int64_t top = std::max(max_segments, 1);
-  double least = cost(1);
-  for (int64_t seg = 2; seg <= top; ++seg) least = std::min(least, cost(seg));
-  int64_t seg = 1;
-  while (cost(seg) > 1.01 * least) ++seg;
-  return seg;
-}
-
 // fused_walk's segment sums (kernels::launch_segment_sums): their column tile, 64 (three CTAs per
 // SM) or 128 (two; headdim 64, chunks of 128), and the parts each summed segment is split into
 // (SsdParams::sum_split; `splittable`: segments of one length without chunk_cumsum's work, the
@@ -211,6 +86,147 @@ inline SegmentSums segment_sums_plan(int64_t headdim, int64_t dstate, int64_t ch
 // tokens 3-7% faster; segments of 8-12 chunks were slower than chunk_cumsum, by up to 5%).
 inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
   return nseg > 1 && seg_chunks <= kernels::kSumsCumsumMaxChunks;
+}
+
+// fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks with states of
+// dstate_tiles 64-column tiles: the count with the least modelled time, in units of one chunk of a
+// CTA that shares its SM with another (two fit per SM; dstate above 128: one CTA of two
+// warpgroups per SM, its chunk counted as one such unit; above 256: two such CTAs per walk).
+// - fused_walk: its CTAs run in waves of ctas_per_sm x sm_count, each wave costing its segment
+//   length plus one chunk of start-up; where two fit per SM but all CTAs fit one per SM they run
+//   alone, 1.5x faster (anchor dstate 128, 64K tokens: 987 us with one CTA per SM, 749 with two).
+//   At dstate 65-128 in chunks of 128 those run two warpgroups per CTA (fused_walk_variant): 0.64
+//   per chunk and half a chunk of start-up, fitted to forced counts on 37 calls with seq_idx, z,
+//   dstate 64-512 (H200, 2026-11-30 v30: 1 row x 10 heads x 16 chunks with seq_idx in 8 segments,
+//   21.4 us, not 16 of one warpgroup, 24.9; 40 heads in 6, 39.0 us, not 3, 43.1).
+//   The split costed is the one that runs: segments of ceil(chunks / count) chunks.
+// - The segment sums run first, one CTA per chain, tile and segment but the last, three per SM,
+//   each walking its segment: waves of 3 x sm_count CTAs at 0.15 per chunk. Their waves matter:
+//   the sums of the anchor dstate 128 at 64K take 199 us in 8 segments (448 CTAs, two waves of
+//   64 chunks) and 150 us in 16 (960 CTAs, three waves of 32) (ncu, 2026-11-30).
+// - dstate 64 also has a variant of three CTAs per SM, run where its waves are fewer than two per
+//   SM would take (kernels::launch_fused_walk): there a chunk costs 1.38 units (anchor dstate 64
+//   at 64K: 9.75 us per chunk and CTA in 12 segments against 7.06 in 8 with two per SM; the call
+//   416 against 452 us, H200 2026-11-30 v19).
+// - The sums as segment_sums_plan runs them (`splittable_sums`: a batched call; its parts count
+//   where segments are even and the sums do not take chunk_cumsum's work): waves of their CTAs
+//   (three per SM of 64 columns, two of 128), each as long as a part. Priced unsplit until v32, the
+//   model took twice the segments that run fastest where the parts shorten the sums' chain: anchor
+//   dstate 128 at 64K 8 segments (423.2 us) against 4 (415.7, sums in 2 parts), at 256K 12 against
+//   4; dstate 64 (the specialised kernel) at 64K 8 (352.7) against 4 (343.6) (H200, v33).
+// - The specialised kernel (dstate <= 128, chunks of 128; fused_walk_variant): one CTA per SM,
+//   0.55 per chunk and 4 chunks of start-up per wave, and the sums in 128-column CTAs where the
+//   64-column ones would take more than a wave (segment_sums_plan). Fitted to its H200 graph times
+//   at 1-16 segments on 12 anchor, model and tensor-parallel calls (2026-11-30, design log v24): it
+//   picks the fastest on 11 (4 rows x 80 heads x 64 chunks: 2 segments, 550 us against 532 in 1).
+//   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
+//   a short first one (first_segment_chunks), priced from their own measurements (below).
+// Counts within 1% of the least: the fewest. Fitted to the H200's graph times of 1-16 segments
+// on 11 anchor, model and tensor-parallel calls (2026-11-30, docs/PERFORMANCE.md v14): it picks
+// the fastest or one within 1% on each (1 row x 20 heads x 512 chunks: 13, 410 us against 544 in
+// 16; 1 row x 80 heads x 512 chunks: 13, 1.41 ms against 1.52 in 6; anchor dstate 128 at 64K: 16,
+// at 16K: 8).
+inline int fused_walk_ctas_per_sm(int64_t dstate) { return dstate > 128 ? 1 : 2; }
+inline int fused_walk_ctas_per_walk(int64_t dstate) { return dstate > 256 ? 2 : 1; }
+inline bool fused_walk_three_per_sm(int64_t dstate, int64_t ctas, int sm_count) {
+  const int64_t sm = std::max(sm_count, 1);
+  return dstate <= 64 && (ctas + 3 * sm - 1) / (3 * sm) < (ctas + 2 * sm - 1) / (2 * sm);
+}
+// The fused_walk kernel for `ctas` CTAs (walks x heads x segments): where they all fit one per SM
+// at dstate 65-128 (chunks of 128), two warpgroups per CTA, one per 64-token block, which shortens
+// each chunk's chain of waits (tensor-parallel 1 x 16K x 10 heads, 13 segments: 75.9 -> 67.3 us;
+// anchor dstate 128 at 1K: 23.2 -> 22.2 us; at dstate 64 the second warpgroup's columns would be
+// past dstate: anchor 1K 20.1 -> 20.9 us, H200 2026-11-30 v19); three per SM as above; else one
+// warpgroup, two CTAs per SM.
+// `specialized`: the call fits kSpecialized (kernels::fused_walk_specialized_supported), which then
+// runs wherever it applies: faster than the others at dstate 65-128 on every anchor and model
+// shape measured (design log v24), and at dstate 64 than three CTAs per SM (anchor 1K-256K 5-11%,
+// the 8-group layer 17%: design log v33).
+inline kernels::FusedWalkVariant fused_walk_variant(int64_t dstate, int64_t chunk, int64_t ctas, int sm_count,
+                                                    bool specialized) {
+  if (specialized) return kernels::FusedWalkVariant::kSpecialized;
+  if (dstate > 64 && dstate <= 128 && chunk == 128 && ctas <= std::max(sm_count, 1)) {
+    return kernels::FusedWalkVariant::kTwoWarpgroups;
+  }
+  if (fused_walk_three_per_sm(dstate, ctas, sm_count)) return kernels::FusedWalkVariant::kThreePerSm;
+  return kernels::FusedWalkVariant::kOneWarpgroup;
+}
+// Two segments of the specialised kernel (one CTA per SM) where its walks x heads fill more than
+// half of the SMs but not all (the 2.7B layer's 80 heads on one row): the first segment short
+// and its CTAs on the SMs beside the second's, running `rounds` after one another there while
+// the long ones run once (launched first, fused_segment). Its length balances the two, the
+// start-up of 4 chunks per CTA counted: rest + 4 = rounds x (first + 4), rest = chunks - first.
+// Elsewhere the even split (first = ceil(chunks / 2), rounds = 1). With 80 of 132 SMs, rounds
+// 2: 16 chunks as 4 + 12 (one wave of 12 plus start-up against 16 in one segment), 64 as 20 + 44
+// (against three segments of 22 in two waves).
+struct FirstSegment {
+  int64_t first, rounds;
+};
+inline FirstSegment first_segment_chunks(int64_t walk_heads, int64_t chunks, int sm_count, bool specialized) {
+  const int64_t even = (chunks + 1) / 2, sm = std::max(sm_count, 1);
+  if (!specialized || 2 * walk_heads <= sm || walk_heads >= sm) return {even, 1};
+  const int64_t free_sms = sm - walk_heads;
+  const int64_t rounds = 1 + (2 * walk_heads - sm + free_sms - 1) / free_sms;
+  return {std::clamp<int64_t>((chunks - 4 * (rounds - 1)) / (1 + rounds), 1, even), rounds};
+}
+
+inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int64_t chunk,
+                                   int sm_count, int max_segments, bool specialized = false,
+                                   bool splittable_sums = true) {
+  const int64_t sm = std::max(sm_count, 1);
+  auto cost = [&](int64_t want) {
+    // (the split that runs: `want` segments of len chunks, fewer where the last ones would be empty)
+    const int64_t len_chunks = (chunks + want - 1) / want;
+    const int64_t seg = (chunks + len_chunks - 1) / len_chunks;
+    const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
+    // (priced by the variant that launch_fused_walk runs for these CTAs)
+    using V = kernels::FusedWalkVariant;
+    const V variant = fused_walk_variant(64 * dstate_tiles, chunk, ctas, sm_count, specialized);
+    const int per_sm = variant == V::kSpecialized  ? 1
+                       : variant == V::kThreePerSm ? 3
+                                                   : fused_walk_ctas_per_sm(64 * dstate_tiles);
+    const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
+    double sums = 0.0;
+    if (seg > 1) {
+      const bool parts = splittable_sums && chunk == 128 && !sums_take_cumsum(static_cast<int>(seg), len_chunks);
+      const SegmentSums plan = segment_sums_plan(64, 64 * dstate_tiles, chunk, walk_heads, static_cast<int>(seg),
+                                                 len_chunks, parts, static_cast<int>((max_segments - 1) / (seg - 1)),
+                                                 sm_count);
+      const int64_t sum_ctas = walk_heads * (seg - 1) * ((64 * dstate_tiles + plan.tile - 1) / plan.tile) * plan.split;
+      const int64_t sum_slots = (plan.tile == 128 ? 2 : 3) * sm;
+      sums = 0.15 * (static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) *
+                         static_cast<double>((len_chunks + plan.split - 1) / plan.split) +
+                     static_cast<double>(plan.split - 1));
+    }
+    const double len = static_cast<double>(len_chunks);
+    const bool alone = per_sm == 2 && ctas <= sm_count;
+    const double unit = variant == V::kSpecialized    ? 0.55
+                        : variant == V::kThreePerSm    ? 1.38
+                        : variant == V::kTwoWarpgroups ? 0.64
+                        : alone                        ? 0.66
+                                                       : 1.0;
+    const double start = variant == V::kSpecialized ? 4.0 : variant == V::kTwoWarpgroups ? 0.5 : 1.0;
+    return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) + sums;
+  };
+  // The specialised kernel's walks x heads on more than half of the SMs but not all: one segment,
+  // or two with a short first one (first_segment_chunks), which beat every even split measured
+  // there. The long segment's chunks then cost 1.28 times a chunk of one segment (all SMs busy)
+  // and the sums 0.4 of a chunk more: 80 heads x 1 row, 1 segment / 2 (us) 25.0 / 27.5 at 8
+  // chunks, 44.8 / 44.1 at 16, 82.0 / 76.3 at 32, 157 / 141 at 64, 305 / 271 at 128, 1190 / 1041
+  // at 512 (even splits: 3 segments 81.5, 150, 278, 1096; 8 at 512: 1110); 70 heads x 64 chunks
+  // 155 / 138 (5 segments: 153); 96 heads x 16 and 100 x 32: 46.3 / 48.4 and 84.5 / 85.1 (H200,
+  // 2026-12-01 v31).
+  // (rounds > 1: the regime where first_segment_chunks splits unevenly)
+  if (const FirstSegment f = first_segment_chunks(walk_heads, chunks, sm_count, specialized); f.rounds > 1) {
+    const double rest = static_cast<double>(chunks - f.first);
+    return max_segments >= 2 && f.first < chunks - f.first && 1.28 * rest + 0.4 < static_cast<double>(chunks) ? 2 : 1;
+  }
+  const int64_t top = std::max(max_segments, 1);
+  double least = cost(1);
+  for (int64_t seg = 2; seg <= top; ++seg) least = std::min(least, cost(seg));
+  int64_t seg = 1;
+  while (cost(seg) > 1.01 * least) ++seg;
+  return seg;
 }
 
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
@@ -283,8 +299,9 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, bool 
     // kernel's counts applied to them all)
     const bool specialized =
         specialized_options && kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size);
+    // (the sums split into parts in the batched layout only: its walks are the rows)
     const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, s.chunk_size,
-                                                 sm_count, max_segments, specialized);
+                                                 sm_count, max_segments, specialized, walks == s.batch);
     c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));
   }
   return c;

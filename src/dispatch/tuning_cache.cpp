@@ -182,8 +182,9 @@ bool read_file(const std::string& path, std::string& text) {
 // settings tuned before it stale, so that a cache filled by an earlier build is not applied to the
 // new kernels (v24: the specialised fused_walk runs one CTA per SM and pays at other segment counts;
 // v31: two segments of it may split unevenly, first_segment_chunks; v32: the segment sums split
-// their segments into parts, segment_sums_plan, which moves the best segment counts).
-constexpr int kKernelRevision = 32;
+// their segments into parts, segment_sums_plan, which moves the best segment counts; v33: the
+// specialised fused_walk takes dstate <= 64 too, one CTA per SM where three ran).
+constexpr int kKernelRevision = 33;
 
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {
   const bool varlen = p.layout == Layout::kVarlen;

@@ -1,5 +1,5 @@
 // fused_walk: the state walk and every chunk's output in one kernel; the chunk states stay on chip.
-// (At dstate 65-128, batched, without seq_idx or z: the warp-specialised kernel of fused_walk_ws.cu.)
+// (At dstate <= 128, batched, without seq_idx or z: the warp-specialised kernel of fused_walk_ws.cu.)
 //
 // One CTA per (walk, head, walk segment) walks the segment's chunks in order, with the head's
 // whole 64 x N state (headdim 64) as wgmma accumulators in registers (fp32): one warpgroup holds
@@ -609,7 +609,7 @@ void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_
   }
   if (variant == FusedWalkVariant::kSpecialized) {
     if (!out_tma || !fused_walk_specialized_supported(p)) {
-      throw_launch_error("fused_walk: the specialised variant takes dstate 65-128, chunks of 128, the batched layout "
+      throw_launch_error("fused_walk: the specialised variant takes dstate <= 128, chunks of 128, the batched layout "
                          "without seq_idx and a 16-bit output without z that the TMA can store, got dstate " +
                          std::to_string(p.dstate) + ", chunk " + std::to_string(p.chunk));
     }

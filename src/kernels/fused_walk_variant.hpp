@@ -10,7 +10,7 @@ namespace mamba2_ssd::kernels {
 // kOneWarpgroup: two CTAs of one warpgroup per SM. kThreePerSm (dstate <= 64): three such CTAs per
 // SM, each slower. kTwoWarpgroups (dstate <= 128, chunks of 128): one CTA of two warpgroups per SM,
 // one per 64-token block and 64 state columns each, as above dstate 128 (at dstate <= 64 the
-// second warpgroup's columns are past dstate: zeros). kSpecialized (dstate 65-128, chunks of 128,
+// second warpgroup's columns are past dstate: zeros). kSpecialized (dstate <= 128, chunks of 128,
 // the batched layout without seq_idx, out by TMA stores; kernels::fused_walk_specialized_supported):
 // one CTA of three warpgroups per SM, one for the state and two for the output, and two chunk
 // buffers.
@@ -20,7 +20,7 @@ enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups, kSpeci
 // which adds the output's alignment, a property of the pointer): its shape, and the call's layout
 // and options (batched, no seq_idx, and an output the TMA stores: 16-bit, no z).
 constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int64_t chunk) {
-  return headdim == 64 && dstate > 64 && dstate <= 128 && chunk == 128;
+  return headdim == 64 && dstate <= 128 && chunk == 128;
 }
 constexpr bool fused_walk_specialized_options(bool batched, bool seq_idx, bool z, bool out_fp32) {
   return batched && !seq_idx && !z && !out_fp32;

@@ -17,8 +17,9 @@ using namespace chunk_out;
 using namespace fused_walk_parts;
 namespace st = state_tile;
 
-// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate 65-128, chunks of 128,
-// the batched layout without seq_idx, out by TMA stores. One CTA of three warpgroups per SM.
+// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate <= 128 (one or two
+// 64-column slices, NK), chunks of 128, the batched layout without seq_idx, out by TMA stores.
+// One CTA of three warpgroups per SM.
 // Warpgroup 0 holds the state: it writes the chunk's e_s (in place of dt'), updates H with each
 // 64-token block in turn and writes H_s twice per chunk, the state entering it (start) and the
 // state after block 0 (mid); it stores the chunk states and issues the loads. Warpgroup 1 + m
@@ -359,6 +360,11 @@ namespace fused_walk_parts {
 
 void launch_fused_walk_specialized(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map,
                                    int64_t walks, cudaStream_t stream) {
+  if (p.dstate <= 64) {  // (one slice; dstate below 64: zero columns past it, as the TMA fills)
+    if (p.fp16) launch_ws_typed<cutlass::half_t, 1>(p, maps, out_map, walks, stream);
+    else launch_ws_typed<cutlass::bfloat16_t, 1>(p, maps, out_map, walks, stream);
+    return;
+  }
   if (p.fp16) launch_ws_typed<cutlass::half_t, 2>(p, maps, out_map, walks, stream);
   else launch_ws_typed<cutlass::bfloat16_t, 2>(p, maps, out_map, walks, stream);
 }

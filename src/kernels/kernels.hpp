@@ -117,7 +117,7 @@ void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStr
 // cluster per walk; fused_walk_supported); segments (p.nseg > 1) need launch_segment_sums(p, 64)
 // or (p, 128) first; `variant`: see fused_walk_variant.hpp.
 bool fused_walk_supported(const SsdParams& p);
-// Whether FusedWalkVariant::kSpecialized takes p: dstate 65-128, chunks of 128, the batched
+// Whether FusedWalkVariant::kSpecialized takes p: dstate <= 128, chunks of 128, the batched
 // layout without seq_idx, and a 16-bit output without z that the TMA can store.
 bool fused_walk_specialized_supported(const SsdParams& p);
 void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_t stream);

@@ -468,34 +468,39 @@ TEST(Gpu, FusedWalk) {
   }
   // fused_walk's variants, each case asserting that it still selects its variant on this GPU:
   // three CTAs per SM at dstate 64 (1 row x 32 heads in 12 segments: 384 CTAs), bf16 with seq_idx
-  // and z, fp16 in chunks of 64, and bf16 in chunks of 128 without either (block 1 from the state
-  // at the middle of the chunk); two warpgroups at dstate 96 (the second one's last 32
-  // columns past dstate) with seq_idx and z in 3 segments; one warpgroup, two CTAs per SM, at
-  // dstate 64, and at 128 with seq_idx and z (1 row x 32 heads x 5 segments: 160 CTAs); the
-  // specialised kernel (dstate 65-128 without seq_idx or z; many cases above run it too) at
-  // dstate 128 in 160 CTAs and in 16, and in fp16 at dstate 112 with a partial last chunk.
+  // and z, fp16 in chunks of 64, and bf16 in chunks of 128 with z alone (block 1 from the state at
+  // the middle of the chunk); two warpgroups at dstate 96 (the second one's last 32 columns past
+  // dstate) with seq_idx and z in 3 segments; one warpgroup, two CTAs per SM, at dstate 64 with z,
+  // and at 128 with seq_idx and z (1 row x 32 heads x 5 segments: 160 CTAs); the specialised
+  // kernel (dstate <= 128 without seq_idx or z; many cases above run it too) at dstate 128 in 160
+  // CTAs and in 16, in fp16 at dstate 112 with a partial last chunk, and in one 64-column slice at
+  // dstate 64 (a partial last chunk) and 48 (fp16).
   using V = kernels::FusedWalkVariant;
   struct Variant {
     DType dtype;
     int64_t batch, heads, n, q, seqlen;
     int segments;
-    std::vector<std::vector<int64_t>> seq_starts;  // with z where given
+    std::vector<std::vector<int64_t>> seq_starts;
+    bool z;
     V variant;
   };
   const DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
-  for (const Variant& v : {Variant{bf16, 1, 32, 64, 128, 3072 - 7, 12, {{1000, 1001, 2500}}, V::kThreePerSm},
-                           Variant{fp16, 1, 32, 64, 64, 3072, 12, {}, V::kThreePerSm},
-                           Variant{bf16, 1, 32, 64, 128, 3072 - 7, 12, {}, V::kThreePerSm},
-                           Variant{bf16, 2, 4, 96, 128, 1500, 3, {{700, 701}, {20}}, V::kTwoWarpgroups},
-                           Variant{bf16, 1, 32, 64, 128, 2560 - 9, 5, {}, V::kOneWarpgroup},
-                           Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {{1000, 1001}}, V::kOneWarpgroup},
-                           Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {}, V::kSpecialized},
-                           Variant{fp16, 2, 8, 112, 128, 4096 - 5, 3, {}, V::kSpecialized},
-                           Variant{bf16, 2, 4, 128, 128, 1000, 2, {}, V::kSpecialized}}) {
+  for (const Variant& v : {Variant{bf16, 1, 32, 64, 128, 3072 - 7, 12, {{1000, 1001, 2500}}, true, V::kThreePerSm},
+                           Variant{fp16, 1, 32, 64, 64, 3072, 12, {}, false, V::kThreePerSm},
+                           Variant{bf16, 1, 32, 64, 128, 3072 - 7, 12, {}, true, V::kThreePerSm},
+                           Variant{bf16, 2, 4, 96, 128, 1500, 3, {{700, 701}, {20}}, true, V::kTwoWarpgroups},
+                           Variant{bf16, 1, 32, 64, 128, 2560 - 9, 5, {}, true, V::kOneWarpgroup},
+                           Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {{1000, 1001}}, true, V::kOneWarpgroup},
+                           Variant{bf16, 1, 32, 128, 128, 2560 - 9, 5, {}, false, V::kSpecialized},
+                           Variant{fp16, 2, 8, 112, 128, 4096 - 5, 3, {}, false, V::kSpecialized},
+                           Variant{bf16, 2, 4, 128, 128, 1000, 2, {}, false, V::kSpecialized},
+                           Variant{bf16, 1, 32, 64, 128, 3072 - 7, 4, {}, false, V::kSpecialized},
+                           Variant{fp16, 2, 8, 48, 128, 2048 + 3, 3, {}, false, V::kSpecialized}}) {
     // (the segments the shape reduces the count to: the fewest of the same length)
     const int64_t chunks = (v.seqlen + v.q - 1) / v.q, seg_chunks = (chunks + v.segments - 1) / v.segments;
     const int64_t nseg = (chunks + seg_chunks - 1) / seg_chunks;
-    const bool specialized = v.seq_starts.empty() && v.n > 64 && v.n <= 128 && v.q == 128;
+    const bool specialized = kernels::fused_walk_specialized_shape(64, v.n, v.q) &&
+                             kernels::fused_walk_specialized_options(true, !v.seq_starts.empty(), v.z, false);
     ASSERT_NO_FATAL_FAILURE(expect_fused_variant(v.n, v.q, v.batch * v.heads * nseg, specialized, v.variant));
     ProblemConfig c = base_config();
     c.dtype = v.dtype;
@@ -504,7 +509,7 @@ TEST(Gpu, FusedWalk) {
     c.dstate = v.n;
     c.chunk_size = v.q;
     c.seqlen = v.seqlen;
-    c.has_z = !v.seq_starts.empty();
+    c.has_z = v.z;
     c.seq_starts = v.seq_starts;
     c.kernel_config = {0, 0, 0, v.segments, 2};
     c.seed = ++seed;
@@ -534,7 +539,8 @@ TEST(Gpu, FusedWalk) {
 // SMs but not all: the first one short (detail::first_segment_chunks), its CTAs launched after the
 // long ones'. Model-like decays (states carry over the segment edge), initial, final and chunk
 // states; 80 heads x 16 chunks (4 + 12), 100 heads x 24 chunks with a partial last one (fp16; the
-// short CTAs in 4 rounds: 2 + 22), 70 heads x 64 chunks (20 + 44).
+// short CTAs in 4 rounds: 2 + 22), 70 heads x 64 chunks (20 + 44), and at dstate 64 80 heads x 33
+// chunks with a partial last one.
 TEST(Gpu, FusedWalkShortFirstSegment) {
   SKIP_WITHOUT_GPU();
   int sms = 0;
@@ -542,20 +548,20 @@ TEST(Gpu, FusedWalkShortFirstSegment) {
   int seed = 2100;
   struct Case {
     DType dtype;
-    int64_t heads, seqlen;
+    int64_t heads, seqlen, n;
   };
-  for (const Case& k : {Case{DType::kBFloat16, 80, 2048}, Case{DType::kFloat16, 100, 3000 + 17},
-                        Case{DType::kBFloat16, 70, 8192}}) {
+  for (const Case& k : {Case{DType::kBFloat16, 80, 2048, 128}, Case{DType::kFloat16, 100, 3000 + 17, 128},
+                        Case{DType::kBFloat16, 70, 8192, 128}, Case{DType::kBFloat16, 80, 4096 + 33, 64}}) {
     const int64_t chunks = (k.seqlen + 127) / 128;
     const int64_t first = detail::first_segment_chunks(k.heads, chunks, sms, true).first;
     ASSERT_LT(first, chunks - first) << k.heads << " heads on " << sms
                                      << " SMs: the case no longer covers a short first segment";
-    ASSERT_NO_FATAL_FAILURE(expect_fused_variant(128, 128, 2 * k.heads, true, kernels::FusedWalkVariant::kSpecialized));
+    ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, 128, 2 * k.heads, true, kernels::FusedWalkVariant::kSpecialized));
     ProblemConfig c = base_config();
     c.dtype = k.dtype;
     c.batch = 1;
     c.nheads = k.heads;
-    c.dstate = 128;
+    c.dstate = k.n;
     c.seqlen = k.seqlen;
     c.model_decay = true;
     c.want_chunk_states = k.heads != 100;
@@ -640,8 +646,8 @@ TEST(Gpu, ModelDecays) {
 // A > 0: the cumulative sums grow within a chunk. mamba_ssm (and the reference) clamp the decay
 // between two tokens of a chunk, exp(min(cum_t - cum_s, 0)), at 1 in S and in the state weights,
 // but not the state's, exp(cum_t). Both paths, fused_walk's variants (one warpgroup at dstate 64
-// and 128 with seq_idx and z, three CTAs per SM, two warpgroups, clusters, the specialised one),
-// model-like dt.
+// and 128 with seq_idx and z, three CTAs per SM with seq_idx and z, two warpgroups, clusters, the
+// specialised one at dstate 128 and 64), model-like dt.
 TEST(Gpu, PositiveA) {
   SKIP_WITHOUT_GPU();
   int seed = 2000;
@@ -651,7 +657,8 @@ TEST(Gpu, PositiveA) {
     bool with_seq;
   };
   for (const Case& k : {Case{4, 64, 128, 1500 + 3, 2, 2, true}, Case{4, 128, 64, 1000, 1, 2, false},
-                        Case{32, 64, 128, 3072 - 7, 12, 2, false}, Case{4, 256, 128, 1500, 3, 2, true},
+                        Case{32, 64, 128, 3072 - 7, 12, 2, true}, Case{4, 64, 128, 3000 + 1, 2, 2, false},
+                        Case{4, 256, 128, 1500, 3, 2, true},
                         Case{4, 512, 128, 900, 1, 2, false}, Case{4, 128, 128, 1500 + 3, 3, 1, true},
                         Case{4, 128, 128, 1500 + 3, 2, 2, false},
                         // (the specialised kernel over 64 chunks: many chances for its A > 0
@@ -675,7 +682,7 @@ TEST(Gpu, PositiveA) {
       ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, false,
                                                    kernels::FusedWalkVariant::kThreePerSm));
     }
-    if (k.seqlen == 8192) {
+    if (k.seqlen == 8192 || (k.n == 64 && k.q == 128 && !k.with_seq)) {
       ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, true,
                                                    kernels::FusedWalkVariant::kSpecialized));
     }

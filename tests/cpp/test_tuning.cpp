@@ -62,7 +62,7 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
   const ProblemConfig base = small_config();
   const std::string k = key_of(base);
   EXPECT_EQ(k, key_of(base));
-  EXPECT_EQ(k.rfind("k32|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
+  EXPECT_EQ(k.rfind("k33|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
   ProblemConfig c = base;
   c.seqlen = 280;  // same power-of-two bucket of tokens per row (512)
   EXPECT_EQ(key_of(c), k);
@@ -407,10 +407,11 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   auto pick = [](const ProblemShape& s, int64_t walks) {
     return detail::heuristic_config(s, walks, true, 132, detail::max_walk_segments(s, false));
   };
-  // anchor (4 rows, 8 heads): dstate 128 fused (the specialised kernel, one CTA per SM) in 8
-  // segments at 64K (461 us; 497 / 508 / 501 in 4 / 12 / 16), 4 at 16K and 4K (136 / 44.3 us; 141
-  // / 53.6 in 8; H200 2026-11-30 v24); else 32-column tiles up to dstate 128, 64 from 256 on
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 8, 2}));
+  // anchor (4 rows, 8 heads): dstate 128 fused (the specialised kernel, one CTA per SM) in 4
+  // segments at 64K since the sums split into parts (415.7 us, their sums in 2 parts; 423.2 in 8;
+  // H200 2026-12-01 v33), 4 at 16K and 4K (136 / 44.3 us; 141 / 53.6 in 8; v24); else 32-column
+  // tiles up to dstate 128, 64 from 256 on
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
   EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
   EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4).fused_walk, 2);
@@ -437,17 +438,17 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 896, 8, 1, 256), 4).fused_walk, 2);
   EXPECT_EQ(pick(shape(16, 512, 8, 1, 256), 16), (KernelConfig{64, 2, 2, 1, 2}));
   EXPECT_EQ(pick(shape(1, 16384, 8, 1, 256), 1), (KernelConfig{32, 2, 2, 16, 2}));  // 83.8 us; 168 two kernels
-  // dstate 64 with 128-token chunks: one head per compute_out CTA. Fused in 12 segments from 16K
-  // tokens (384 CTAs: one wave of three per SM; 416 us at 64K against 452 in 8 segments with
-  // two per SM, 2026-11-30 v19), 8 at 4K (256 CTAs: three per SM would not save a wave)
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 12, 2}));
-  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 64), 4).pass_state_segments, 12);
-  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 64), 4).pass_state_segments, 8);
+  // dstate 64 with 128-token chunks: one head per compute_out CTA. Fused, the specialised kernel
+  // in 4 segments (128 CTAs, one wave) from 1K to 64K tokens (64K 343.6 us against 352.7 in 8,
+  // 16K 98.6 against 104.8, 4K 31.6 against 35.9, 1K 14.5 against 19.2; H200 2026-12-01 v33)
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 64), 4).pass_state_segments, 4);
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 64), 4).pass_state_segments, 4);
   // short walks, few of them (32 or 64 tiles of 64 columns): fused, in the model's segments (1K
-  // tokens: 8 of one chunk for dstate 64, 17.8 us against 18.9 in 4, and 4 for dstate 128, where
-  // 8 of one warpgroup took 23.7 us against 21.0, H200 2026-11-30 v22); under 8 chunks too (4 x
-  // 768 tokens: 17.4 us against 23.3 in the two kernels, v27)
-  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2}));
+  // tokens: 4 for dstate 64, the specialised kernel, v33 above, and 4 for dstate 128, where 8 of
+  // one warpgroup took 23.7 us against 21.0, H200 2026-11-30 v22); under 8 chunks too (4 x 768
+  // tokens: 17.4 us against 23.3 in the two kernels, v27)
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2}));
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128), 4), (KernelConfig{32, 2, 1, 4, 2}));
   EXPECT_EQ(pick(shape(4, 896, 8, 1, 64), 4).fused_walk, 2);
   EXPECT_EQ(pick(shape(4, 768, 8, 1, 128), 4).fused_walk, 2);
@@ -508,8 +509,10 @@ TEST(TuningHeuristic, SegmentsOfTheKernelThatRuns) {
     EXPECT_EQ(c.fused_walk, 2);
     return c.pass_state_segments;
   };
-  EXPECT_EQ(segments(shape(4, 65536, 8), 4, true), 8);
-  EXPECT_EQ(segments(shape(4, 65536, 8), 4, false), 16);
+  // (64K since the sums split into parts, v33: 4 segments of the specialised kernel, 8 of the
+  // others, with seq_idx 590.7 us against 608.1 in 16)
+  EXPECT_EQ(segments(shape(4, 65536, 8), 4, true), 4);
+  EXPECT_EQ(segments(shape(4, 65536, 8), 4, false), 8);
   EXPECT_EQ(segments(shape(4, 16384, 8), 4, true), 4);
   EXPECT_EQ(segments(shape(4, 16384, 8), 4, false), 8);
   EXPECT_EQ(segments(shape(4, 4096, 8), 4, false), 8);
@@ -519,7 +522,7 @@ TEST(TuningHeuristic, SegmentsOfTheKernelThatRuns) {
   // seq_idx (8 sequences in 1 row; H200, 2026-11-30 v30): 10 heads x 16 chunks in 8 segments of two
   // chunks (80 CTAs; 21.4 us) rather than 16 of one (24.9 us); 12 heads x 512 chunks in 11 (283.7
   // us against 304.3 in 16); but 40 heads x 16 chunks in 6 of three (240 CTAs; 39.0 us) rather
-  // than 3 (43.1 us)
+  // than 3 (43.1 us; 42.2 with the sums in parts against 39.8 in 6, v33)
   EXPECT_EQ(segments(shape(1, 2048, 10), 1, false), 8);
   EXPECT_EQ(segments(shape(1, 65536, 12), 1, false), 11);
   EXPECT_EQ(segments(shape(1, 2048, 40), 1, false), 6);
