@@ -100,20 +100,21 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 //   dstate 64-512 (H200, 2026-11-30 v30: 1 row x 10 heads x 16 chunks with seq_idx in 8 segments,
 //   21.4 us, not 16 of one warpgroup, 24.9; 40 heads in 6, 39.0 us, not 3, 43.1).
 //   The split costed is the one that runs: segments of ceil(chunks / count) chunks.
-// - The segment sums run first, one CTA per chain, tile and segment but the last, three per SM,
-//   each walking its segment: waves of 3 x sm_count CTAs at 0.15 per chunk. Their waves matter:
-//   the sums of the anchor dstate 128 at 64K take 199 us in 8 segments (448 CTAs, two waves of
-//   64 chunks) and 150 us in 16 (960 CTAs, three waves of 32) (ncu, 2026-11-30).
+// - The segment sums run first (every segment but the last) as segment_sums_plan runs them
+//   (`splittable_sums`: a batched call; parts where the segments are even and the sums do not
+//   take chunk_cumsum's work): waves of their CTAs (three per SM of 64 columns, two of 128) at
+//   0.15 per chunk of a part, and 0.15 per part beyond the first. Their waves matter: the sums of
+//   the anchor dstate 128 at 64K took 199 us in 8 segments (448 CTAs, two waves of 64 chunks) and
+//   150 us in 16 (960 CTAs, three waves of 32) (ncu, 2026-11-30). Priced unsplit until v32, the
+//   model took twice the segments that run fastest where parts shorten the sums' chain (anchor
+//   dstate 128 at 64K: 8 segments, 423.2 us, against 4, 415.7 with the sums in 2 parts; at 256K
+//   12 against 4; dstate 64, the specialised kernel, at 64K 8, 352.7, against 4, 343.6); without
+//   the start per part, 1 row x 40 heads x 16 chunks with seq_idx in 3 segments, 42.2 us, rather
+//   than 6, 39.8 (H200, v33).
 // - dstate 64 also has a variant of three CTAs per SM, run where its waves are fewer than two per
 //   SM would take (kernels::launch_fused_walk): there a chunk costs 1.38 units (anchor dstate 64
 //   at 64K: 9.75 us per chunk and CTA in 12 segments against 7.06 in 8 with two per SM; the call
 //   416 against 452 us, H200 2026-11-30 v19).
-// - The sums as segment_sums_plan runs them (`splittable_sums`: a batched call; its parts count
-//   where segments are even and the sums do not take chunk_cumsum's work): waves of their CTAs
-//   (three per SM of 64 columns, two of 128), each as long as a part. Priced unsplit until v32, the
-//   model took twice the segments that run fastest where the parts shorten the sums' chain: anchor
-//   dstate 128 at 64K 8 segments (423.2 us) against 4 (415.7, sums in 2 parts), at 256K 12 against
-//   4; dstate 64 (the specialised kernel) at 64K 8 (352.7) against 4 (343.6) (H200, v33).
 // - The specialised kernel (dstate <= 128, chunks of 128; fused_walk_variant): one CTA per SM,
 //   0.55 per chunk and 4 chunks of start-up per wave, and the sums in 128-column CTAs where the
 //   64-column ones would take more than a wave (segment_sums_plan). Fitted to its H200 graph times
