@@ -119,7 +119,8 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 //   0.55 per chunk and 4 chunks of start-up per wave, and the sums in 128-column CTAs where the
 //   64-column ones would take more than a wave (segment_sums_plan). Fitted to its H200 graph times
 //   at 1-16 segments on 12 anchor, model and tensor-parallel calls (2026-11-30, design log v24): it
-//   picks the fastest on 11 (4 rows x 80 heads x 64 chunks: 2 segments, 550 us against 532 in 1).
+//   picks the fastest on 11 (4 rows x 80 heads x 64 chunks: 2 segments, 550 us against 532 in 1;
+//   one since v33, below).
 //   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
 //   a short first one (first_segment_chunks), priced from their own measurements (below).
 // Counts within 1% of the least: the fewest. Fitted to the H200's graph times of 1-16 segments
@@ -222,6 +223,12 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
     const double rest = static_cast<double>(chunks - f.first);
     return max_segments >= 2 && f.first < chunks - f.first && 1.28 * rest + 0.4 < static_cast<double>(chunks) ? 2 : 1;
   }
+  // The specialised kernel's walks x heads in two waves or more: one segment. Segments then only
+  // add the sums and start-ups, which the waves' price above undercounts against a partial last
+  // wave: 2.7B layer 4 x 8K (320 CTAs) 473.8 us in 1 against 499.5 in 2 (v24: 532 against 550),
+  // 8 x 4K 405.8 against 498.9, the 8-group layer (512 CTAs, dstate 64) 277.6 against 340.3
+  // (H200, 2026-12-01 v33).
+  if (specialized && walk_heads >= 2 * sm) return 1;
   const int64_t top = std::max(max_segments, 1);
   double least = cost(1);
   for (int64_t seg = 2; seg <= top; ++seg) least = std::min(least, cost(seg));
