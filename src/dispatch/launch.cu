@@ -402,8 +402,8 @@ bool runs_specialized(const kernels::SsdParams& k) {
 // Whether fused_walk's segment sums may split their segments (SsdParams::sum_split), and into how
 // many parts at most (the workspace holds max_segments - 1 sums per walk and head).
 bool sums_splittable(const kernels::SsdParams& k) {
-  return k.nseg > 1 && !k.sums_cumsum && !k.varlen && k.seg0_chunks == k.seg_chunks && k.headdim == 64 &&
-         k.chunk == 128;
+  return k.nseg > 1 &&
+         detail::sums_split_allowed(!k.varlen, k.seg0_chunks == k.seg_chunks, k.sums_cumsum, k.headdim, k.chunk);
 }
 int max_sum_split(const kernels::SsdParams& k, const WorkspacePlan& w) {
   return k.nseg > 1 ? (w.max_segments - 1) / (k.nseg - 1) : 1;

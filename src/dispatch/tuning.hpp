@@ -55,6 +55,12 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 //   shorter step (anchor dstate 256 at 64K / 256K tokens 839 -> 814 us / 3.435 -> 3.343 ms,
 //   128-chunk and 512-chunk chains; at 4K 68.6 -> 70.0 us, 8 chunks; v17: dstate 128 at 1K +2%).
 constexpr int64_t kMaxSplitSums = 8;
+// Whether the sums may split their segments at all: the batched layout, segments of one length,
+// without chunk_cumsum's work, headdim 64 and chunks of 128 (the launch's sums_splittable and the
+// segment model's price both ask this).
+inline bool sums_split_allowed(bool batched, bool even_segments, bool sums_cumsum, int64_t headdim, int64_t chunk) {
+  return batched && even_segments && !sums_cumsum && headdim == 64 && chunk == 128;
+}
 struct SegmentSums {
   int tile;   // state columns per sum CTA
   int split;  // SsdParams::sum_split
@@ -190,7 +196,8 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
     const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
     double sums = 0.0;
     if (seg > 1) {
-      const bool parts = splittable_sums && chunk == 128 && !sums_take_cumsum(static_cast<int>(seg), len_chunks);
+      const bool parts =
+          sums_split_allowed(splittable_sums, true, sums_take_cumsum(static_cast<int>(seg), len_chunks), 64, chunk);
       const SegmentSums plan = segment_sums_plan(64, 64 * dstate_tiles, chunk, walk_heads, static_cast<int>(seg),
                                                  len_chunks, parts, static_cast<int>((max_segments - 1) / (seg - 1)),
                                                  sm_count);
