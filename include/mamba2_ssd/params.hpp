@@ -45,11 +45,16 @@ struct KernelConfig {
   // other settings do not) where it applies (headdim 64; dstate <= 128 with chunks of 64 or 128
   // tokens, or dstate <= 512 with chunks of 128, as the kernels run them, see chunk_size), else 1.
   int fused_walk = 0;
+  // fused_walk's specialised kernel at dstate <= 64 (chunks of 128; see fused_walk): heads of one
+  // group per CTA, 1 or 2 (2 where the heads per group are even, else 1). Two share each chunk's
+  // C and B tiles and C B^T, each CTA's chunk taking longer: they pay with long segments or many
+  // walks x heads.
+  int fused_walk_heads_per_cta = 0;
 
   bool operator==(const KernelConfig& o) const {
     return pass_state_dstate_tile == o.pass_state_dstate_tile && pass_state_stages == o.pass_state_stages &&
            compute_out_heads_per_cta == o.compute_out_heads_per_cta && pass_state_segments == o.pass_state_segments &&
-           fused_walk == o.fused_walk;
+           fused_walk == o.fused_walk && fused_walk_heads_per_cta == o.fused_walk_heads_per_cta;
   }
   bool operator!=(const KernelConfig& o) const { return !(*this == o); }
 };

@@ -537,6 +537,7 @@ nb::dict tune_result_dict(const m2::TuneResult& r) {
     d["pass_state_segments"] = c.pass_state_segments;
     d["compute_out_heads_per_cta"] = c.compute_out_heads_per_cta;
     d["fused_walk"] = c.fused_walk;
+    d["fused_walk_heads_per_cta"] = c.fused_walk_heads_per_cta;
     return d;
   };
   nb::dict d;

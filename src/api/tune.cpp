@@ -14,7 +14,7 @@ namespace mamba2_ssd {
 std::string to_string(const KernelConfig& c) {
   return "nt=" + std::to_string(c.pass_state_dstate_tile) + " stages=" + std::to_string(c.pass_state_stages) +
          " segments=" + std::to_string(c.pass_state_segments) + " heads=" + std::to_string(c.compute_out_heads_per_cta) +
-         " fused=" + std::to_string(c.fused_walk);
+         " fused=" + std::to_string(c.fused_walk) + " fused_heads=" + std::to_string(c.fused_walk_heads_per_cta);
 }
 
 namespace {

@@ -620,6 +620,11 @@ ProblemShape validate(const ForwardParams& p) {
     if (kc.fused_walk < 0 || kc.fused_walk > 2) {
       fail("kernel_config.fused_walk", "expected 0 (unset), 1 (two kernels) or 2 (fused), got " + str(kc.fused_walk));
     }
+    if (kc.fused_walk_heads_per_cta < 0 || kc.fused_walk_heads_per_cta > 2) {
+      fail("kernel_config.fused_walk_heads_per_cta",
+           "expected 0 (unset), 1 or 2 (heads per CTA of fused_walk's specialised kernel), got " +
+               str(kc.fused_walk_heads_per_cta));
+    }
     const int max_heads = hp <= 64 ? 4 : 2;
     const int hc = kc.compute_out_heads_per_cta;
     if (hc != 0 && (hc < 1 || hc > max_heads || (hc & (hc - 1)) != 0)) {

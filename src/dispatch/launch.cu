@@ -285,6 +285,7 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   k.sum_split = 1;
   k.sum_tile = 64;
   k.sum_part_chunks = k.seg_chunks;
+  k.ws_heads = 1;
   if (w.max_segments > 1) {
     k.seg_sums = reinterpret_cast<float*>(ws + w.seg_sums);
     k.seg_carry = reinterpret_cast<float*>(ws + w.seg_carry);
@@ -417,19 +418,23 @@ detail::SegmentSums sums_plan(const kernels::SsdParams& k, const WorkspacePlan& 
 }
 
 // fused_walk's parameters: its segment sums in 64-column tiles, no progress counters (nothing
-// runs alongside), chunk states stored only for the caller or for varlen_states, two segments
-// of the specialised kernel split unevenly where that balances the SMs (first_segment_chunks),
-// chunk_cumsum's work done by the segment sums where their segments are short, and the sums'
-// parts (sums_plan).
-kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, const WorkspacePlan& w,
-                                int sm_count) {
+// runs alongside), chunk states stored only for the caller or for varlen_states, the specialised
+// kernel's heads per CTA (`heads_per_cta`, where they pair), two segments of it split unevenly
+// where that balances the SMs (first_segment_chunks), chunk_cumsum's work done by the segment
+// sums where their segments are short, and the sums' parts (sums_plan).
+kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, int heads_per_cta,
+                                const WorkspacePlan& w, int sm_count) {
   kernels::PassStateConfig c;
   c.dstate_tile = 64;
   c.segments = segments;
   k = with_pass_state(k, c, w);
   k.ready = nullptr;
+  k.ws_heads = heads_per_cta == 2 && runs_specialized(k) &&
+                       kernels::fused_walk_specialized_pairs(k.dstate, k.heads_per_group)
+                   ? 2
+                   : 1;
   if (k.nseg == 2 && !k.varlen && runs_specialized(k)) {
-    const int64_t first = detail::first_segment_chunks(k.batch * k.nheads, k.nchunks, sm_count, true).first;
+    const int64_t first = detail::first_segment_chunks(k.batch * k.nheads / k.ws_heads, k.nchunks, sm_count, true).first;
     if (first < k.nchunks - first) {
       k.seg0_chunks = static_cast<int32_t>(first);
       k.seg_chunks = static_cast<int32_t>(k.nchunks - first);
@@ -480,6 +485,7 @@ KernelConfig fill_unset(KernelConfig c, const KernelConfig& from) {
   if (c.pass_state_segments == 0) c.pass_state_segments = from.pass_state_segments;
   if (c.compute_out_heads_per_cta == 0) c.compute_out_heads_per_cta = from.compute_out_heads_per_cta;
   if (c.fused_walk == 0) c.fused_walk = from.fused_walk;
+  if (c.fused_walk_heads_per_cta == 0) c.fused_walk_heads_per_cta = from.fused_walk_heads_per_cta;
   return c;
 }
 
@@ -527,6 +533,7 @@ KernelConfig resolve_for(const KernelCall& call, std::string* source, std::strin
   if (const char* e = std::getenv("MAMBA2_SSD_HEADS_PER_CTA")) env.compute_out_heads_per_cta = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("MAMBA2_SSD_PASS_STATE_SEGMENTS")) env.pass_state_segments = std::clamp(std::atoi(e), 1, 16);
   if (const char* e = std::getenv("MAMBA2_SSD_FUSED")) env.fused_walk = std::string(e) == "0" ? 1 : 2;
+  if (const char* e = std::getenv("MAMBA2_SSD_FUSED_HEADS")) env.fused_walk_heads_per_cta = std::atoi(e) == 2 ? 2 : 1;
   if (env != KernelConfig{}) {
     c = fill_unset(c, env);
     if (src.empty()) src = "env";
@@ -582,7 +589,8 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
   const kernels::SsdParams k0 = make_kernel_params(p, s, w, ws);
   const int sm_count = current_device_id().sm_count;
   const kernels::SsdParams k =
-      fused ? fused_params(p, k0, cfg.pass_state_segments, w, sm_count) : with_pass_state(k0, ps, w);
+      fused ? fused_params(p, k0, cfg.pass_state_segments, cfg.fused_walk_heads_per_cta, w, sm_count)
+            : with_pass_state(k0, ps, w);
   kernels::ComputeOutConfig co;
   const int walks = static_cast<int>(walk_count(p, s));
   if (!fused) co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, walks, sm_count);
@@ -670,8 +678,8 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
       launch_walk_and_output(p, kc, false, ps, co, dev.sm_count, stream);
     });
   };
-  auto fused_ms = [&](int segments) {
-    const kernels::SsdParams kc = fused_params(p, k, segments, w, dev.sm_count);
+  auto fused_ms = [&](int segments, int heads) {
+    const kernels::SsdParams kc = fused_params(p, k, segments, heads, w, dev.sm_count);
     return time_ms([&] {
       launch_prefix(p, s, w, ws, kc, true, stream);
       launch_walk_and_output(p, kc, true, {}, {}, dev.sm_count, stream);
@@ -691,20 +699,23 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   // same split are timed once. The heuristic's mode is kept unless the other is clearly faster.
   double fused_best_ms = 0.0;
   int fused_best_segments = r.heuristic.pass_state_segments;
-  std::vector<int32_t> fused_splits;
-  auto try_fused = [&](int segs) {
-    const int32_t nseg = fused_params(p, k, segs, w, dev.sm_count).nseg;
-    if (std::find(fused_splits.begin(), fused_splits.end(), nseg) != fused_splits.end()) return;
-    fused_splits.push_back(nseg);
-    const double ms = fused_ms(segs);
-    report("fused_walk", "segments=" + std::to_string(nseg), ms);
+  int fused_best_heads = r.heuristic.fused_walk_heads_per_cta;
+  std::vector<std::pair<int32_t, int32_t>> fused_splits;  // (segments, heads per CTA) as they run
+  auto try_fused = [&](int segs, int heads) {
+    const kernels::SsdParams kc = fused_params(p, k, segs, heads, w, dev.sm_count);
+    const std::pair<int32_t, int32_t> split{kc.nseg, kc.ws_heads};
+    if (std::find(fused_splits.begin(), fused_splits.end(), split) != fused_splits.end()) return;
+    fused_splits.push_back(split);
+    const double ms = fused_ms(segs, heads);
+    report("fused_walk", "segments=" + std::to_string(kc.nseg) + (kc.ws_heads == 2 ? " heads=2" : ""), ms);
     if (fused_splits.size() == 1 || clearly_faster(ms, fused_best_ms)) {
       fused_best_ms = ms;
       fused_best_segments = segs;
+      fused_best_heads = heads;
     }
   };
   if (heuristic_fused) {
-    try_fused(r.heuristic.pass_state_segments);
+    try_fused(r.heuristic.pass_state_segments, r.heuristic.fused_walk_heads_per_cta);
     r.heuristic_ms = fused_best_ms;
   }
   // (the heuristic's settings for the two kernels, when it picked fused_walk)
@@ -768,9 +779,12 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
     // Every count (each split timed once): the fastest is not always a power of two or the
     // heuristic's (1 row x 20 heads x 16K: 6 segments 89.3 us, the heuristic's 13 92.4, 4 or 8
     // 106 / 118; H200, design log v33).
-    for (int segs = 1; segs <= w.max_segments; ++segs) {
-      if (!r.complete || out_of_time()) break;
-      try_fused(segs);
+    // Both heads per CTA where the specialised kernel pairs them (fused_params: else 1).
+    for (int heads : {1, 2}) {
+      for (int segs = 1; segs <= w.max_segments; ++segs) {
+        if (!r.complete || out_of_time()) break;
+        try_fused(segs, heads);
+      }
     }
   }
   r.best = two;
@@ -784,14 +798,17 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
     return ps;
   };
   auto config_ms = [&](const KernelConfig& c) {
-    if (c.fused_walk == 2) return fused_ms(c.pass_state_segments);
+    if (c.fused_walk == 2) return fused_ms(c.pass_state_segments, c.fused_walk_heads_per_cta);
     return forward_ms(pass_state_of(c), c.compute_out_heads_per_cta);
   };
   // The split of the walks that a setting runs (a count the shape reduces to another's split
   // launches the same kernels).
   auto nseg_of = [&](const KernelConfig& c) {
-    return c.fused_walk == 2 ? fused_params(p, k, c.pass_state_segments, w, dev.sm_count).nseg
+    return c.fused_walk == 2 ? fused_params(p, k, c.pass_state_segments, c.fused_walk_heads_per_cta, w, dev.sm_count).nseg
                              : with_pass_state(k, pass_state_of(c), w).nseg;
+  };
+  auto fused_heads_of = [&](const KernelConfig& c) {
+    return fused_params(p, k, c.pass_state_segments, c.fused_walk_heads_per_cta, w, dev.sm_count).ws_heads;
   };
   const bool two_timed = best_ms > 0.0;  // (the budget may end before the first)
   const bool fused_wins = !fused_splits.empty() && (!two_timed || (heuristic_fused ? !clearly_faster(best_ms, fused_best_ms)
@@ -799,6 +816,7 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   if (fused_wins) {
     r.best.fused_walk = 2;
     r.best.pass_state_segments = fused_best_segments;
+    r.best.fused_walk_heads_per_cta = fused_best_heads;
     r.best_ms = fused_best_ms;
   }
   // A pick other than the heuristic's setting, timed against it once more, alternately: the
@@ -809,7 +827,8 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   // (settings that differ only in fields their mode does not use launch the same kernels)
   auto same_launch = [&](const KernelConfig& a, const KernelConfig& b) {
     if ((a.fused_walk == 2) != (b.fused_walk == 2) || nseg_of(a) != nseg_of(b)) return false;
-    return a.fused_walk == 2 || (a.pass_state_dstate_tile == b.pass_state_dstate_tile &&
+    if (a.fused_walk == 2) return fused_heads_of(a) == fused_heads_of(b);
+    return (a.pass_state_dstate_tile == b.pass_state_dstate_tile &&
                                  a.pass_state_stages == b.pass_state_stages &&
                                  a.compute_out_heads_per_cta == b.compute_out_heads_per_cta);
   };

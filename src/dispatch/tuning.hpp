@@ -129,6 +129,13 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 //   one since v33, below).
 //   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
 //   a short first one (first_segment_chunks), priced from their own measurements (below).
+// - The specialised kernel with two heads per CTA (dstate <= 64, heads_per_cta 2): half the CTAs,
+//   0.86 per chunk (two heads' work for 1.56 times one head's) and 4.5 chunks of start-up per
+//   wave; the sums as above (per head). Fitted to 26 forced settings of 7 calls, 1 and 2 heads
+//   (anchor dstate 64 at 1K-256K, the 8-group layer, 1 row x 80 heads x 64 chunks; H200,
+//   2026-12-01 v34): its faster of the two is the measured faster on each (two from 16K: 64K
+//   303 us in 8 segments against 344 with one head in 4; one at 1K and 4K: 14.4 against 18.1).
+//   The heuristic takes the cheaper of the two plans (heuristic_config).
 // Counts within 1% of the least: the fewest. Fitted to the H200's graph times of 1-16 segments
 // on 11 anchor, model and tensor-parallel calls (2026-11-30, docs/PERFORMANCE.md v14): it picks
 // the fastest or one within 1% on each (1 row x 20 heads x 512 chunks: 13, 410 us against 544 in
@@ -178,45 +185,66 @@ inline FirstSegment first_segment_chunks(int64_t walk_heads, int64_t chunks, int
   return {std::clamp<int64_t>((chunks - 4 * (rounds - 1)) / (1 + rounds), 1, even), rounds};
 }
 
-inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int64_t chunk,
-                                   int sm_count, int max_segments, bool specialized = false,
-                                   bool splittable_sums = true) {
-  const int64_t sm = std::max(sm_count, 1);
-  auto cost = [&](int64_t want) {
-    // (the split that runs: `want` segments of len chunks, fewer where the last ones would be empty)
-    const int64_t len_chunks = (chunks + want - 1) / want;
-    const int64_t seg = (chunks + len_chunks - 1) / len_chunks;
-    const int64_t ctas = walk_heads * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
-    // (priced by the variant that launch_fused_walk runs for these CTAs)
-    using V = kernels::FusedWalkVariant;
-    const V variant = fused_walk_variant(64 * dstate_tiles, chunk, ctas, sm_count, specialized);
-    const int per_sm = variant == V::kSpecialized  ? 1
-                       : variant == V::kThreePerSm ? 3
-                                                   : fused_walk_ctas_per_sm(64 * dstate_tiles);
-    const int64_t slots = per_sm * static_cast<int64_t>(sm_count);
-    double sums = 0.0;
-    if (seg > 1) {
-      const bool parts =
-          sums_split_allowed(splittable_sums, true, sums_take_cumsum(static_cast<int>(seg), len_chunks), 64, chunk);
-      const SegmentSums plan = segment_sums_plan(64, 64 * dstate_tiles, chunk, walk_heads, static_cast<int>(seg),
-                                                 len_chunks, parts, static_cast<int>((max_segments - 1) / (seg - 1)),
-                                                 sm_count);
-      const int64_t sum_ctas = walk_heads * (seg - 1) * ((64 * dstate_tiles + plan.tile - 1) / plan.tile) * plan.split;
-      const int64_t sum_slots = (plan.tile == 128 ? 2 : 3) * sm;
-      sums = 0.15 * (static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) *
-                         static_cast<double>((len_chunks + plan.split - 1) / plan.split) +
-                     static_cast<double>(plan.split - 1));
-    }
-    const double len = static_cast<double>(len_chunks);
-    const bool alone = per_sm == 2 && ctas <= sm_count;
-    const double unit = variant == V::kSpecialized    ? 0.55
-                        : variant == V::kThreePerSm    ? 1.38
-                        : variant == V::kTwoWarpgroups ? 0.64
-                        : alone                        ? 0.66
-                                                       : 1.0;
-    const double start = variant == V::kSpecialized ? 4.0 : variant == V::kTwoWarpgroups ? 0.5 : 1.0;
-    return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) + sums;
-  };
+// A fused_walk call as the segment model prices it: walks x heads, chunks per walk, 64-column
+// dstate tiles, chunk length, the SMs, the most segments, whether the specialised kernel runs,
+// whether the sums may split (the batched layout), and its heads per CTA.
+struct FusedWalkCall {
+  int64_t walk_heads, chunks, dstate_tiles, chunk;
+  int sm_count, max_segments;
+  bool specialized, splittable_sums;
+  int heads_per_cta;
+  bool pair() const { return specialized && heads_per_cta == 2; }
+  int64_t cta_heads() const { return pair() ? (walk_heads + 1) / 2 : walk_heads; }  // (CTAs per segment)
+};
+
+// The model's time of `want` segments (in its units: comparable between counts and heads per
+// CTA of one call).
+inline double fused_walk_cost(const FusedWalkCall& c, int64_t want) {
+  const int64_t sm = std::max(c.sm_count, 1);
+  const int64_t chunks = c.chunks, dstate_tiles = c.dstate_tiles, chunk = c.chunk, walk_heads = c.walk_heads;
+  // (the split that runs: `want` segments of len chunks, fewer where the last ones would be empty)
+  const int64_t len_chunks = (chunks + want - 1) / want;
+  const int64_t seg = (chunks + len_chunks - 1) / len_chunks;
+  const int64_t ctas = c.cta_heads() * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
+  // (priced by the variant that launch_fused_walk runs for these CTAs)
+  using V = kernels::FusedWalkVariant;
+  const V variant = fused_walk_variant(64 * dstate_tiles, chunk, ctas, c.sm_count, c.specialized);
+  const int per_sm = variant == V::kSpecialized  ? 1
+                     : variant == V::kThreePerSm ? 3
+                                                 : fused_walk_ctas_per_sm(64 * dstate_tiles);
+  const int64_t slots = per_sm * sm;
+  double sums = 0.0;
+  if (seg > 1) {
+    const bool parts =
+        sums_split_allowed(c.splittable_sums, true, sums_take_cumsum(static_cast<int>(seg), len_chunks), 64, chunk);
+    const SegmentSums plan = segment_sums_plan(64, 64 * dstate_tiles, chunk, walk_heads, static_cast<int>(seg),
+                                               len_chunks, parts, static_cast<int>((c.max_segments - 1) / (seg - 1)),
+                                               c.sm_count);
+    const int64_t sum_ctas = walk_heads * (seg - 1) * ((64 * dstate_tiles + plan.tile - 1) / plan.tile) * plan.split;
+    const int64_t sum_slots = (plan.tile == 128 ? 2 : 3) * sm;
+    sums = 0.15 * (static_cast<double>((sum_ctas + sum_slots - 1) / sum_slots) *
+                       static_cast<double>((len_chunks + plan.split - 1) / plan.split) +
+                   static_cast<double>(plan.split - 1));
+  }
+  const double len = static_cast<double>(len_chunks);
+  const bool alone = per_sm == 2 && ctas <= c.sm_count;
+  const double unit = c.pair()                         ? 0.86
+                      : variant == V::kSpecialized    ? 0.55
+                      : variant == V::kThreePerSm    ? 1.38
+                      : variant == V::kTwoWarpgroups ? 0.64
+                      : alone                        ? 0.66
+                                                     : 1.0;
+  const double start = c.pair() ? 4.5 : variant == V::kSpecialized ? 4.0 : variant == V::kTwoWarpgroups ? 0.5 : 1.0;
+  return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) + sums;
+}
+
+struct FusedWalkPlan {
+  int64_t segments;
+  double cost;
+};
+inline FusedWalkPlan fused_walk_plan(const FusedWalkCall& c) {
+  const int64_t sm = std::max(c.sm_count, 1), chunks = c.chunks, cta_heads = c.cta_heads();
+  auto cost = [&](int64_t want) { return fused_walk_cost(c, want); };
   // The specialised kernel's walks x heads on more than half of the SMs but not all: one segment,
   // or two with a short first one (first_segment_chunks), which beat every even split measured
   // there. The long segment's chunks then cost 1.28 times a chunk of one segment (all SMs busy)
@@ -226,22 +254,33 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
   // 155 / 138 (5 segments: 153); 96 heads x 16 and 100 x 32: 46.3 / 48.4 and 84.5 / 85.1 (H200,
   // 2026-12-01 v31).
   // (rounds > 1: the regime where first_segment_chunks splits unevenly)
-  if (const FirstSegment f = first_segment_chunks(walk_heads, chunks, sm_count, specialized); f.rounds > 1) {
-    const double rest = static_cast<double>(chunks - f.first);
-    return max_segments >= 2 && f.first < chunks - f.first && 1.28 * rest + 0.4 < static_cast<double>(chunks) ? 2 : 1;
+  if (const FirstSegment f = first_segment_chunks(cta_heads, chunks, c.sm_count, c.specialized); f.rounds > 1) {
+    const double rest = static_cast<double>(chunks - f.first), one = cost(1);
+    const double split = 1.28 * rest + 0.4;  // (against chunks in one segment)
+    return c.max_segments >= 2 && f.first < chunks - f.first && split < static_cast<double>(chunks)
+               ? FusedWalkPlan{2, one * split / static_cast<double>(chunks)}
+               : FusedWalkPlan{1, one};
   }
   // The specialised kernel's walks x heads in two waves or more: one segment. Segments then only
   // add the sums and start-ups, which the waves' price above undercounts against a partial last
   // wave: 2.7B layer 4 x 8K (320 CTAs) 473.8 us in 1 against 499.5 in 2 (v24: 532 against 550),
   // 8 x 4K 405.8 against 498.9, the 8-group layer (512 CTAs, dstate 64) 277.6 against 340.3
   // (H200, 2026-12-01 v33).
-  if (specialized && walk_heads >= 2 * sm) return 1;
-  const int64_t top = std::max(max_segments, 1);
+  if (c.specialized && cta_heads >= 2 * sm) return {1, cost(1)};
+  const int64_t top = std::max(c.max_segments, 1);
   double least = cost(1);
   for (int64_t seg = 2; seg <= top; ++seg) least = std::min(least, cost(seg));
   int64_t seg = 1;
   while (cost(seg) > 1.01 * least) ++seg;
-  return seg;
+  return {seg, cost(seg)};
+}
+
+inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int64_t chunk,
+                                   int sm_count, int max_segments, bool specialized = false,
+                                   bool splittable_sums = true, int heads_per_cta = 1) {
+  return fused_walk_plan({walk_heads, chunks, dstate_tiles, chunk, sm_count, max_segments, specialized, splittable_sums,
+                          heads_per_cta})
+      .segments;
 }
 
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
@@ -293,6 +332,7 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, bool 
   }
   c.compute_out_heads_per_cta = hb;
   c.fused_walk = 1;
+  c.fused_walk_heads_per_cta = 1;
   const int64_t walk_heads = std::max<int64_t>(walks * s.nheads, 1);
   const int64_t chunks_per_walk = s.nchunks * s.batch / std::max<int64_t>(walks, 1);  // varlen: the mean
   // fused_walk wherever it applies, but for dstate 257-447 over long walks. Measured against
@@ -315,9 +355,18 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, bool 
     const bool specialized =
         specialized_options && kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size);
     // (the sums split into parts in the batched layout only: its walks are the rows)
-    const int64_t segments = fused_walk_segments(walk_heads, chunks_per_walk, (s.dstate + 63) / 64, s.chunk_size,
-                                                 sm_count, max_segments, specialized, walks == s.batch);
-    c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(segments, 1, max_segments));
+    FusedWalkCall call{walk_heads,       chunks_per_walk, (s.dstate + 63) / 64, s.chunk_size, sm_count, max_segments,
+                       specialized,      walks == s.batch, 1};
+    FusedWalkPlan plan = fused_walk_plan(call);
+    // Two heads per CTA where the specialised kernel pairs them and the model prices them lower.
+    if (specialized && kernels::fused_walk_specialized_pairs(s.dstate, hpg)) {
+      call.heads_per_cta = 2;
+      if (const FusedWalkPlan two = fused_walk_plan(call); two.cost < plan.cost) {
+        plan = two;
+        c.fused_walk_heads_per_cta = 2;
+      }
+    }
+    c.pass_state_segments = static_cast<int>(std::clamp<int64_t>(plan.segments, 1, max_segments));
   }
   return c;
 }

@@ -129,7 +129,7 @@ bool parse_entry(Reader& r, std::map<std::string, TuningEntry>& entries) {
         have_key = true;
       } else if (name == "pass_state_dstate_tile" || name == "pass_state_stages" ||
                  name == "compute_out_heads_per_cta" || name == "pass_state_segments" || name == "fused_walk" ||
-                 name == "ms" || name == "heuristic_ms") {
+                 name == "fused_walk_heads_per_cta" || name == "ms" || name == "heuristic_ms") {
         double v;
         if (!r.number(v)) return false;
         if (name == "pass_state_dstate_tile") e.config.pass_state_dstate_tile = static_cast<int>(v);
@@ -137,6 +137,7 @@ bool parse_entry(Reader& r, std::map<std::string, TuningEntry>& entries) {
         else if (name == "compute_out_heads_per_cta") e.config.compute_out_heads_per_cta = static_cast<int>(v);
         else if (name == "pass_state_segments") e.config.pass_state_segments = static_cast<int>(v);
         else if (name == "fused_walk") e.config.fused_walk = static_cast<int>(v);
+        else if (name == "fused_walk_heads_per_cta") e.config.fused_walk_heads_per_cta = static_cast<int>(v);
         else if (name == "ms") e.ms = v;
         else e.heuristic_ms = v;
       } else if (!r.skip()) {
@@ -151,7 +152,8 @@ bool parse_entry(Reader& r, std::map<std::string, TuningEntry>& entries) {
                      (c.compute_out_heads_per_cta == 1 || c.compute_out_heads_per_cta == 2 ||
                       c.compute_out_heads_per_cta == 4) &&
                      c.pass_state_segments >= 0 && c.pass_state_segments <= 16 &&  // 0: an entry from before segments
-                     c.fused_walk >= 0 && c.fused_walk <= 2;
+                     c.fused_walk >= 0 && c.fused_walk <= 2 &&
+                     c.fused_walk_heads_per_cta >= 0 && c.fused_walk_heads_per_cta <= 2;
   // An entry from before fused_walk was tuned on the two kernels.
   if (e.config.fused_walk == 0) e.config.fused_walk = 1;
   if (!have_key || !valid) {
@@ -183,8 +185,10 @@ bool read_file(const std::string& path, std::string& text) {
 // new kernels (v24: the specialised fused_walk runs one CTA per SM and pays at other segment counts;
 // v31: two segments of it may split unevenly, first_segment_chunks; v32: the segment sums split
 // their segments into parts, segment_sums_plan, which moves the best segment counts; v33: the
-// specialised fused_walk takes dstate <= 64 too, one CTA per SM where three ran).
-constexpr int kKernelRevision = 33;
+// specialised fused_walk takes dstate <= 64 too, one CTA per SM where three ran; v34: there it
+// may walk two heads per CTA, KernelConfig::fused_walk_heads_per_cta, which moves the best
+// segment counts).
+constexpr int kKernelRevision = 34;
 
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {
   const bool varlen = p.layout == Layout::kVarlen;
@@ -207,12 +211,14 @@ std::string to_tuning_json(const std::map<std::string, TuningEntry>& entries) {
   std::string o = "{\n  \"format\": \"mamba2_ssd tuning cache\",\n  \"version\": 1,\n  \"entries\": [";
   bool first = true;
   for (const auto& [key, e] : entries) {
-    char nums[256];
+    char nums[320];
     std::snprintf(nums, sizeof nums,
                   "\"pass_state_dstate_tile\": %d, \"pass_state_stages\": %d, \"pass_state_segments\": %d, "
-                  "\"compute_out_heads_per_cta\": %d, \"fused_walk\": %d, \"ms\": %.6g, \"heuristic_ms\": %.6g}",
+                  "\"compute_out_heads_per_cta\": %d, \"fused_walk\": %d, \"fused_walk_heads_per_cta\": %d, "
+                  "\"ms\": %.6g, \"heuristic_ms\": %.6g}",
                   e.config.pass_state_dstate_tile, e.config.pass_state_stages, e.config.pass_state_segments,
-                  e.config.compute_out_heads_per_cta, e.config.fused_walk, e.ms, e.heuristic_ms);
+                  e.config.compute_out_heads_per_cta, e.config.fused_walk, e.config.fused_walk_heads_per_cta, e.ms,
+                  e.heuristic_ms);
     o += first ? "\n" : ",\n";
     o += "    {\"key\": \"" + json_safe(key) + "\", " + nums;
     first = false;

@@ -92,6 +92,9 @@ struct SsdParams {
   // length, without sums_cumsum; else 1). sum_tile: the sums launch's column tile (64 or 128;
   // host side only); sum_part_chunks: ceil(seg_chunks / sum_split).
   int32_t sum_tile, sum_part_chunks;
+  // fused_walk's specialised kernel: heads per CTA, 2 only at dstate <= 64 with an even number of
+  // heads per group (fused_walk_specialized_pairs), else 1.
+  int32_t ws_heads;
 };
 
 constexpr float kLog2e = 1.4426950408889634f;

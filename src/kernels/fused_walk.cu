@@ -613,6 +613,12 @@ void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_
                          "without seq_idx and a 16-bit output without z that the TMA can store, got dstate " +
                          std::to_string(p.dstate) + ", chunk " + std::to_string(p.chunk));
     }
+    if (p.ws_heads != 1 && !(p.ws_heads == 2 && fused_walk_specialized_pairs(p.dstate, p.heads_per_group))) {
+      throw_launch_error("fused_walk: the specialised variant walks 1 head per CTA, or 2 at dstate <= 64 with an even "
+                         "number of heads per group, got " +
+                         std::to_string(p.ws_heads) + " heads per CTA at dstate " + std::to_string(p.dstate) +
+                         " with " + std::to_string(p.heads_per_group) + " heads per group");
+    }
     launch_fused_walk_specialized(p, maps, out_map, walks, stream);
     return;
   }

@@ -25,6 +25,11 @@ constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int
 constexpr bool fused_walk_specialized_options(bool batched, bool seq_idx, bool z, bool out_fp32) {
   return batched && !seq_idx && !z && !out_fp32;
 }
+// Where kSpecialized may walk two heads per CTA (SsdParams::ws_heads): one 64-column slice, and
+// heads that pair within their group.
+constexpr bool fused_walk_specialized_pairs(int64_t dstate, int64_t heads_per_group) {
+  return dstate <= 64 && heads_per_group % 2 == 0;
+}
 
 // The longest segments whose sums also compute chunk_cumsum's outputs (SsdParams::sums_cumsum):
 // each of a sum CTA's four warps computes one of its chunks and at most one of the last

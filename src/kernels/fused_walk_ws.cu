@@ -19,7 +19,9 @@ namespace st = state_tile;
 
 // ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate <= 128 (one or two
 // 64-column slices, NK), chunks of 128, the batched layout without seq_idx, out by TMA stores.
-// One CTA of three warpgroups per SM.
+// One CTA of three warpgroups per SM, walking one head or, at dstate <= 64, HP = 2 heads of one
+// group (SsdParams::ws_heads): those share each chunk's C and B tiles and C_m B_m^T, and every
+// part below runs once per head (two states, two H_s copies, two outputs per block).
 // Warpgroup 0 holds the state: it writes the chunk's e_s (in place of dt'), updates H with each
 // 64-token block in turn and writes H_s twice per chunk, the state entering it (start) and the
 // state after block 0 (mid); it stores the chunk states and issues the loads. Warpgroup 1 + m
@@ -30,20 +32,25 @@ namespace st = state_tile;
 // computed; the walk's only chain is H's update. Each output warpgroup rounds its block into a
 // staging buffer of its own for the TMA stores, which are waited for a chunk later. The output
 // warpgroups take the registers the state one does not need (setmaxnreg).
-constexpr int kWsStateRegs = 144, kWsOutRegs = 176;  // 144 + 2 x 176 <= 3 x 168 (64K per SM)
+// (registers: state + 2 x output <= 3 x 168, 64K per SM; two heads per CTA take 8 more for the state)
+template <int HP>
+constexpr int kWsStateRegs = HP == 1 ? 144 : 152;
+constexpr int kWsOutRegs = 176;
 
-template <class T, int NK>
+template <class T, int NK, int HP>
 struct WsLayout {
   using F = Fused<T, NK, 1>;
   static constexpr int kQ = 128;
-  static constexpr int kSlotBytes = buffer_bytes<1, 2>(F::kBlockBytes, kQ);  // blocks 0, 1; cum, dt', w
-  static constexpr int kHsBytes = NK * F::kSlice;
-  static constexpr int kStageBytes = kM * kN * 2;  // an output block in T
-  // [slot 0][slot 1][H_s 0][H_s 1][stage 0][stage 1][D: 64][mbarriers: 8]
+  static constexpr int kBlockBytes = (2 * NK + HP) * F::kSlice;  // block m: C_m, B_m slices, X_m of each head
+  static constexpr int kMetaBytes = 3 * kQ * 4;                   // a head's cum, dt' (then e), w
+  static constexpr int kSlotBytes = (2 * kBlockBytes + HP * kMetaBytes + 1023) / 1024 * 1024;  // blocks 0, 1; meta
+  static constexpr int kHsBytes = HP * NK * F::kSlice;  // a copy of H_s: head i at i NK slices
+  static constexpr int kStageBytes = kM * kN * 2;       // an output block in T
+  // [slot 0][slot 1][H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at HP w + i][D: HP x 64][mbarriers: 8]
   static constexpr int kHs = 2 * kSlotBytes;
   static constexpr int kStage = kHs + 2 * kHsBytes;
-  static constexpr int kD = kStage + 2 * kStageBytes;
-  static constexpr int kBars = kD + 64 * 4;
+  static constexpr int kD = kStage + 2 * HP * kStageBytes;
+  static constexpr int kBars = kD + HP * 64 * 4;
   static constexpr int kBytes = 1024 + kBars + 8 * 8;
 };
 
@@ -56,22 +63,24 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-template <class T, int NK>
+template <class T, int NK, int HP>
 __global__ void __launch_bounds__(3 * kThreads, 1)
     fused_walk_ws_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps,
                          const __grid_constant__ CUtensorMap out_map) {
   using F = Fused<T, NK, 1>;
   using Tr = typename F::Tr;
-  using L = WsLayout<T, NK>;
+  using L = WsLayout<T, NK, HP>;
   constexpr int q = L::kQ;
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / kThreads, wtid = tid % kThreads;
-  const int64_t h = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * HP;  // (heads h0 .. h0 + HP - 1, of one group)
   const int seg = fused_segment(p, blockIdx.z);
   const Walk walk = make_walk(p, blockIdx.z / p.nseg);
-  const int64_t grp = h / p.heads_per_group;
-  const bool a_grows = p.A[h * p.A_s] > 0.0f;  // (see fused_walk_kernel)
+  const int64_t grp = h0 / p.heads_per_group;
+  bool a_grows[HP];  // (see fused_walk_kernel)
+#pragma unroll
+  for (int i = 0; i < HP; ++i) a_grows[i] = p.A[(h0 + i) * p.A_s] > 0.0f;
   const SegmentRange range = segment_range(p, seg, walk.nchunks);
   const int64_t c_begin = range.begin, c_end = range.end;
   if (seg > 0 && c_begin >= walk.nchunks) return;
@@ -84,7 +93,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   uint64_t* empty = bars + 2;     // [slot]: every thread is done with the chunk
   uint64_t* hs_full = bars + 4;   // [slot]: H_s written (the state warpgroup)
   uint64_t* hs_empty = bars + 6;  // [slot]: C H^T has read it (the output warpgroups)
-  float* s_d = reinterpret_cast<float*>(smem + L::kD);
+  float* s_d = reinterpret_cast<float*>(smem + L::kD);  // [head][p]
   if (tid == 0) {
     for (int s = 0; s < 2; ++s) {
       tma::mbar_init(full + s, 1);
@@ -94,38 +103,49 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     }
     tma::fence_mbar_init();
   }
-  if (p.D != nullptr && tid < 64) s_d[tid] = p.D[h * p.D_sh + tid * p.D_sp];
+  if (p.D != nullptr && tid < HP * 64) s_d[tid] = p.D[(h0 + tid / 64) * p.D_sh + (tid % 64) * p.D_sp];
   __syncthreads();
   pdl_wait_primary();  // (launched early behind the segment sums or chunk_cumsum, see fused_walk_kernel)
   auto slot_of = [&](int c_rel) { return smem + (c_rel & 1) * L::kSlotBytes; };
-  auto hs_of = [&](int c_rel) { return smem + L::kHs + (c_rel & 1) * L::kHsBytes; };
-  auto cum_of = [&](const char* buf) { return reinterpret_cast<const float*>(buf + 2 * F::kBlockBytes); };
+  auto hs_of = [&](int c_rel, int i) { return smem + L::kHs + (c_rel & 1) * L::kHsBytes + i * NK * F::kSlice; };
+  // head i's cum, dt' (e) and w of the chunk in `buf`
+  auto cum_of = [&](const char* buf, int i) {
+    return reinterpret_cast<const float*>(buf + 2 * L::kBlockBytes + i * L::kMetaBytes);
+  };
+  auto x_of = [&](const char* buf, int mu, int i) { return buf + mu * L::kBlockBytes + (2 * NK + i) * F::kSlice; };
 
   if (wg == 0) {
     // ================= the state warpgroup
-    setmaxnreg_dec<kWsStateRegs>();
-    const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h);
+    setmaxnreg_dec<kWsStateRegs<HP>>();
+    const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h0);
     auto issue_chunk = [&](int c_rel) {
       const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
       char* buf = slot_of(c_rel);
       uint64_t* bar = full + (c_rel & 1);
       const int tok = static_cast<int>(ci.tok0);
-      tma::mbar_arrive_expect(bar, 2 * F::kBlockBytes + 3 * q * 4);
+      tma::mbar_arrive_expect(bar, 2 * L::kBlockBytes + HP * 3 * q * 4);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        char* blk = buf + m * F::kBlockBytes;
+        char* blk = buf + m * L::kBlockBytes;
 #pragma unroll
         for (int ks = 0; ks < NK; ++ks) {
           tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
           tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
         }
-        tma::load_4d(&maps.x, bar, blk + 2 * NK * F::kSlice, 0, tok + m * kM, h32, row32);
+#pragma unroll
+        for (int i = 0; i < HP; ++i) {
+          tma::load_4d(&maps.x, bar, const_cast<char*>(x_of(buf, m, i)), 0, tok + m * kM, h32 + i, row32);
+        }
       }
-      const int64_t off = cum_offset(p, walk.row, h, walk.g0 + c_begin + c_rel);
-      float* meta = const_cast<float*>(cum_of(buf));
-      tma::load_bulk(meta, p.cum + off, q * 4, bar);
-      tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
-      tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+      const int64_t off0 = cum_offset(p, walk.row, h0, walk.g0 + c_begin + c_rel);  // (head h0 + i: + i nchunks Q)
+#pragma unroll
+      for (int i = 0; i < HP; ++i) {
+        const int64_t off = off0 + i * p.nchunks * q;
+        float* meta = const_cast<float*>(cum_of(buf, i));
+        tma::load_bulk(meta, p.cum + off, q * 4, bar);
+        tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
+        tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+      }
     };
     if (tid == 0) {
       if (n_local > 0) issue_chunk(0);
@@ -133,53 +153,68 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     }
     typename F::MmaUpd mma_up;
     auto thr_up = mma_up.get_slice(wtid);
-    Tensor hacc = partition_fragment_C(mma_up, Shape<_64, Int<F::kN_state>>{});
-    if (seg == 0 && p.init != nullptr) {
-      const void* src = static_cast<const char*>(p.init) +
-                        (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
-      st::load_tile<1>(hacc, src, p.init_dtype, p.init_sp, 0, 0, p);
-    } else if (seg > 0) {
-      // (not unrolled: the state warpgroup's 144 registers)
-      state_from_sums<true, 1>(hacc, p, (walk.walk * p.nheads + h) * sums_per_walk_head(p), seg * p.sum_split, 0,
-                               wtid);
-    } else {
-      clear(hacc);
+    using HAcc = decltype(partition_fragment_C(mma_up, Shape<_64, Int<F::kN_state>>{}));
+    HAcc hacc[HP];
+#pragma unroll
+    for (int i = 0; i < HP; ++i) {
+      const int64_t h = h0 + i;
+      if (seg == 0 && p.init != nullptr) {
+        const void* src = static_cast<const char*>(p.init) +
+                          (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
+        st::load_tile<1>(hacc[i], src, p.init_dtype, p.init_sp, 0, 0, p);
+      } else if (seg > 0) {
+        // (not unrolled: the state warpgroup's 144 registers)
+        state_from_sums<true, 1>(hacc[i], p, (walk.walk * p.nheads + h) * sums_per_walk_head(p), seg * p.sum_split,
+                                 0, wtid);
+      } else {
+        clear(hacc[i]);
+      }
     }
     using XFrag = decltype(make_tensor<T>(partition_shape_A(mma_up, Shape<_64, Int<kM>>{})));
     XFrag xw;
     Tensor x_tok = thr_up.partition_A(make_identity_tensor(Shape<_64, Int<kM>>{}));
-    const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
-    float carry_next = n_local > 0 ? carry_walk[c_begin] : 0.0f;
-    // The update H = H * s + (X_mu * w)^T B_mu with block mu's tokens (w: the weights' array of
-    // block mu, from registers through the transposing ldmatrix; issued and waited for).
-    auto update = [&](const char* buf, int mu, float s) {
-      warpgroup_fence_operand(hacc);
+    const float* carry_walk = p.carry + carry_offset(p, walk.row, h0, walk.g0);  // (head h0 + i: + i nchunks)
+    float carry_next[HP];
 #pragma unroll
-      for (int v = 0; v < F::kAccVals; ++v) hacc(v) *= s;
-      load_xt<T>(mma_up, wtid, xw, buf + mu * F::kBlockBytes + 2 * NK * F::kSlice);
-      scale_xt<T>(xw, x_tok, cum_of(buf) + 2 * q + mu * kM);
+    for (int i = 0; i < HP; ++i) carry_next[i] = n_local > 0 ? carry_walk[i * p.nchunks + c_begin] : 0.0f;
+    // The update H = H * s + (X_mu * w)^T B_mu with block mu's tokens for each head in turn (w:
+    // the weights' array of block mu, from registers through the transposing ldmatrix; issued and
+    // waited for: one operand fragment, as the registers of two heads' states allow).
+    auto update = [&](const char* buf, int mu, const float (&s)[HP]) {
       Tensor sBn = make_tensor(
-          make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * F::kBlockBytes + NK * F::kSlice)),
+          make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * L::kBlockBytes + NK * F::kSlice)),
           typename F::LayoutBn{});
-      issue_update_wgmma(mma_up, thr_up, xw, sBn, hacc);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(hacc);
+#pragma unroll
+      for (int i = 0; i < HP; ++i) {
+        warpgroup_fence_operand(hacc[i]);
+#pragma unroll
+        for (int v = 0; v < F::kAccVals; ++v) hacc[i](v) *= s[i];
+        load_xt<T>(mma_up, wtid, xw, x_of(buf, mu, i));
+        scale_xt<T>(xw, x_tok, cum_of(buf, i) + 2 * q + mu * kM);
+        issue_update_wgmma(mma_up, thr_up, xw, sBn, hacc[i]);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(hacc[i]);
+      }
     };
     // H_s slot k = H in the compute type, once both output warpgroups' C H^T have read the slot's
     // previous copy (phase: the chunk's parity).
     auto write_hs = [&](int k, uint32_t hph) {
       tma::mbar_wait(hs_empty + k, hph ^ 1u);
-      store_state_copy<T, 1, true>(hacc, hs_of(k), lane);
+#pragma unroll
+      for (int i = 0; i < HP; ++i) store_state_copy<T, 1, true>(hacc[i], hs_of(k, i), lane);
       fence_async_shared();
     };
 #pragma unroll 1
     for (int c_rel = 0; c_rel < n_local; ++c_rel) {
       const int64_t c = c_begin + c_rel;
       const uint32_t ph = (c_rel >> 1) & 1u, hph = c_rel & 1u;
-      const float carry = carry_next;
-      if (c_rel + 1 < n_local) carry_next = carry_walk[c + 1];
+      float carry[HP];
+#pragma unroll
+      for (int i = 0; i < HP; ++i) {
+        carry[i] = carry_next[i];
+        if (c_rel + 1 < n_local) carry_next[i] = carry_walk[i * p.nchunks + c + 1];
+      }
       const char* buf = slot_of(c_rel);
-      float* meta = const_cast<float*>(cum_of(buf));
       // ---- H_s(start): the state entering the chunk, for block 0's output
       write_hs(0, hph);
       // e_s = cum_s - log2(dt'_s) in place of dt' (a_grows: cum taken as 0) for the output
@@ -187,18 +222,25 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
       // (a_grows: w = dt' stays, see below)
       tma::mbar_wait(full + (c_rel & 1), ph);
-      {
-        const float e = (a_grows ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
+#pragma unroll
+      for (int i = 0; i < HP; ++i) {
+        float* meta = const_cast<float*>(cum_of(buf, i));
+        const float e = (a_grows[i] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
         meta[q + wtid] = e;
-        if (!a_grows && wtid < kM) meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+        if (!a_grows[i] && wtid < kM) meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
       }
       tma::mbar_arrive(hs_full);
       named_barrier_sync(1, kThreads);  // (block 0's weights written)
       // ---- H at the middle of the chunk: H * exp2(cum_63) + block 0's tokens. a_grows: the
       // decays within a chunk are clamped at 1 (mamba_ssm), which the split cannot express: H *
       // carry + every token with w = dt', and block 1's output works from H_s(start) (see below).
-      const float cum_mid = meta[kM - 1];
-      update(buf, 0, a_grows ? carry : fast_exp2(cum_mid));
+      float cum_mid[HP], s0[HP], s1[HP];
+#pragma unroll
+      for (int i = 0; i < HP; ++i) {
+        cum_mid[i] = cum_of(buf, i)[kM - 1];
+        s0[i] = a_grows[i] ? carry[i] : fast_exp2(cum_mid[i]);
+      }
+      update(buf, 0, s0);
       // ---- H_s(mid), for block 1's output
       write_hs(1, hph);
       tma::mbar_arrive(hs_full + 1);
@@ -210,19 +252,27 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         issue_chunk(c_rel + 1);
       }
       __syncwarp();
-      update(buf, 1, a_grows ? 1.0f : fast_exp2(meta[q - 1] - cum_mid));
+#pragma unroll
+      for (int i = 0; i < HP; ++i) s1[i] = a_grows[i] ? 1.0f : fast_exp2(cum_of(buf, i)[q - 1] - cum_mid[i]);
+      update(buf, 1, s1);
       fence_async_shared();
       tma::mbar_arrive(empty + (c_rel & 1));
       if (p.states != nullptr) {
-        char* dst = static_cast<char*>(p.states) +
-                    (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
-        st::store_tile<1>(hacc, dst, p.state_dtype, p.st_sp, 0, 0, p);
+#pragma unroll
+        for (int i = 0; i < HP; ++i) {
+          char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc +
+                                                      (h0 + i) * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
+          st::store_tile<1>(hacc[i], dst, p.state_dtype, p.st_sp, 0, 0, p);
+        }
       }
     }
     if (p.final_states != nullptr && c_end == walk.nchunks) {
-      char* dst = static_cast<char*>(p.final_states) +
-                  (walk.walk * p.fin_sb + h * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
-      st::store_tile<1>(hacc, dst, p.fin_dtype, p.fin_sp, 0, 0, p);
+#pragma unroll
+      for (int i = 0; i < HP; ++i) {
+        char* dst = static_cast<char*>(p.final_states) +
+                    (walk.walk * p.fin_sb + (h0 + i) * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
+        st::store_tile<1>(hacc[i], dst, p.fin_dtype, p.fin_sp, 0, 0, p);
+      }
     }
     return;
   }
@@ -237,26 +287,33 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   auto thr_ch = mma_ch.get_slice(wtid);
   auto thr_sx = mma_sx.get_slice(wtid);
   Tensor cb = partition_fragment_C(mma_cb, Shape<Int<kM>, Int<kN>>{});
-  Tensor acc = partition_fragment_C(mma_ch, Shape<Int<kM>, Int<64>>{});
+  using OAcc = decltype(partition_fragment_C(mma_ch, Shape<Int<kM>, Int<64>>{}));
+  OAcc acc[HP];
   using SFrag = decltype(make_tensor<T>(partition_shape_A(mma_sx, Shape<Int<kM>, Int<kN>>{})));
   SFrag sf;
   constexpr int kCbVals = kM * kN / kThreads;
   const int ra = acc_row<3>(0), rb = acc_row<3>(2);
-  const int row32 = static_cast<int>(walk.row), h32 = static_cast<int>(h);
+  const int row32 = static_cast<int>(walk.row);
   // Block m = ow of every chunk, from H_s(start) (block 0) or H_s(mid) (block 1): S_mm X_m is the
   // only term within the chunk. a_grows: block 1 from H_s(start), with S_10 X_0 (j_first 0).
+  // C_m B_j^T is the heads' own (one group), S_mj X_j each head's.
   const int m = ow;
-  const bool from_mid = m == 1 && !a_grows;
-  const int j_first = m == 1 && a_grows ? 0 : m;
-  char* stage = smem + L::kStage + ow * L::kStageBytes;
+  bool from_mid[HP];
+  int j_first[HP];
+  int j_low = m;  // (the least j_first)
+#pragma unroll
+  for (int i = 0; i < HP; ++i) {
+    from_mid[i] = m == 1 && !a_grows[i];
+    j_first[i] = m == 1 && a_grows[i] ? 0 : m;
+    j_low = min(j_low, j_first[i]);
+  }
+  const int t0 = m * kM + ra, t1 = m * kM + rb;
 #pragma unroll 1
   for (int c_rel = 0; c_rel < n_local; ++c_rel) {
     const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
     const uint32_t ph = (c_rel >> 1) & 1u, hph = c_rel & 1u;
     char* buf = slot_of(c_rel);
-    char* blk = buf + m * F::kBlockBytes;
-    const float* s_cum = cum_of(buf);
-    const float* s_e = s_cum + q;  // (e_s, written by the state warpgroup before H_s is signalled)
+    char* blk = buf + m * L::kBlockBytes;
     tma::mbar_wait(full + (c_rel & 1), ph);
     // Block m waits for H_s slot m, block 1 with a_grows too, where it reads H_s(start) (written
     // before H_s(mid), whose signal releases both): its release of H_s(mid) below must follow the
@@ -264,44 +321,59 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     // complete H_s(mid)'s phases before the state warpgroup waits for the first, and its parity
     // wait would never return: scripts/ws_barrier_model.py.)
     tma::mbar_wait(hs_full + m, hph);
-    const char* s_h = hs_of(from_mid ? 1 : 0);
-    const int t0 = m * kM + ra, t1 = m * kM + rb;
     auto issue_cb = [&](int j) {
       wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutB>(mma_cb, thr_cb, blk,
-                                                                       buf + j * F::kBlockBytes + NK * F::kSlice, cb);
+                                                                       buf + j * L::kBlockBytes + NK * F::kSlice, cb);
     };
-    warpgroup_fence_operand(acc);
+#pragma unroll
+    for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
     warpgroup_fence_operand(cb);
     warpgroup_arrive();
-    wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk, s_h, acc);
-    issue_cb(j_first);
+#pragma unroll
+    for (int i = 0; i < HP; ++i) {
+      wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk,
+                                                                       hs_of(from_mid[i] ? 1 : 0, i), acc[i]);
+    }
+    issue_cb(j_low);
     warpgroup_commit_batch();
-    const float ct0 = s_cum[t0], ct1 = s_cum[t1], c_ref = from_mid ? s_cum[kM - 1] : 0.0f;
+    // (each head's cum at the thread's rows, and its factors of C H^T: exp2(cum_t - cum at H_s))
+    float ct0[HP], ct1[HP], f0[HP], f1[HP];
+#pragma unroll
+    for (int i = 0; i < HP; ++i) {
+      const float* s_cum = cum_of(buf, i);
+      const float c_ref = from_mid[i] ? s_cum[kM - 1] : 0.0f;
+      ct0[i] = s_cum[t0];
+      ct1[i] = s_cum[t1];
+      f0[i] = fast_exp2(ct0[i] - c_ref);
+      f1[i] = fast_exp2(ct1[i] - c_ref);
+    }
     // S_mj = C_m B_j^T * exp2(cum_t - e_s), s <= t on the diagonal block (as fused_walk_kernel)
     float decay[kCbVals];
-    auto make_decay = [&](int j, auto masked) {
-      s_decays<decltype(masked)::value, false>(decay, s_e + j * kN, a_grows, ct0, ct1, t0 - j * kN, t1 - j * kN, 0, 0,
-                                               lane);
-    };
-    auto decay_for = [&](int j) {
-      if (j == m) make_decay(j, std::true_type{});
-      else make_decay(j, std::false_type{});
+    auto decay_for = [&](int i, int j) {
+      const float* s_e = cum_of(buf, i) + q;  // (e_s, written by the state warpgroup before H_s is signalled)
+      if (j == m) {
+        s_decays<true, false>(decay, s_e + j * kN, a_grows[i], ct0[i], ct1[i], t0 - j * kN, t1 - j * kN, 0, 0, lane);
+      } else {
+        s_decays<false, false>(decay, s_e + j * kN, a_grows[i], ct0[i], ct1[i], t0 - j * kN, t1 - j * kN, 0, 0, lane);
+      }
     };
     auto make_s = [&]() {
 #pragma unroll
       for (int v = 0; v < kCbVals; ++v) sf(v) = from_float<T>(cb(v) * decay[v]);
       warpgroup_fence_operand(sf);
     };
-    auto issue_sx = [&](int j) {
-      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(buf + j * F::kBlockBytes + 2 * NK * F::kSlice)),
-                              typename Tr::LayoutX{});
-      wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc, false);
+    auto issue_sx = [&](int i, int j) {
+      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(x_of(buf, j, i))), typename Tr::LayoutX{});
+      wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[i], false);
     };
-    const float f0 = fast_exp2(ct0 - c_ref), f1 = fast_exp2(ct1 - c_ref);
-    decay_for(j_first);
+    // (one head: its first decays under C H^T and C B^T; two: each head's decays right before its
+    // S, so that the compiler need not hold all of them with both accumulators)
+    const bool decay_ready = HP == 1 && j_first[0] == j_low;
+    if (decay_ready) decay_for(0, j_low);
     warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
     warpgroup_fence_operand(cb);
+#pragma unroll
+    for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
     // C H^T has read H_s: both warpgroups release both slots (so a_grows needs no other count),
     // H_s(mid) first: the state warpgroup writes H_s(start) of the next chunk once every thread
     // has released this one's, and the other warpgroup's next release of H_s(mid) must not
@@ -309,47 +381,60 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     tma::mbar_arrive(hs_empty + 1);
     tma::mbar_arrive(hs_empty + 0);
 #pragma unroll
-    for (int v = 0; v < decltype(size(acc))::value; ++v) acc(v) *= ((v >> 1) & 1) ? f1 : f0;
+    for (int i = 0; i < HP; ++i) {
+#pragma unroll
+      for (int v = 0; v < decltype(size(acc[i]))::value; ++v) acc[i](v) *= ((v >> 1) & 1) ? f1[i] : f0[i];
+    }
+    // S_ij X_j for each head from j_first (the next head's decays under the last S X; the sf
+    // fragment is rewritten once that wgmma has read it), C_m B_{j+1}^T after block j.
 #pragma unroll 1
-    for (int j = j_first; j < m; ++j) {
-      make_s();
-      warpgroup_fence_operand(acc);
+    for (int j = j_low;; ++j) {
+#pragma unroll
+      for (int i = 0; i < HP; ++i) {
+        if (j < j_first[i]) continue;
+        if (!(decay_ready && i == 0 && j == j_low)) decay_for(i, j);
+        warpgroup_wait<0>();
+        make_s();
+        warpgroup_fence_operand(acc[i]);
+        warpgroup_arrive();
+        issue_sx(i, j);
+        warpgroup_commit_batch();
+      }
+      if (j == m) break;
+      warpgroup_wait<0>();
       warpgroup_fence_operand(cb);
       warpgroup_arrive();
-      issue_sx(j);
       issue_cb(j + 1);
       warpgroup_commit_batch();
-      decay_for(j + 1);
       warpgroup_wait<0>();
-      warpgroup_fence_operand(acc);
       warpgroup_fence_operand(cb);
     }
-    make_s();
-    warpgroup_fence_operand(acc);
-    warpgroup_arrive();
-    issue_sx(m);
-    warpgroup_commit_batch();
     warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
+#pragma unroll
+    for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
     // (staged in C_m's tile instead, the stores' reads were waited for here, before the slot's
     // release: 0.6-1.2% slower, v26)
     if (lane == 0) tma::bulk_wait_all();  // (this warp's stores of the last chunk have read its rows)
     __syncwarp();
-    epilogue_tma_store<T, 3>(acc, stage, blk + 2 * NK * F::kSlice, s_d, p.D != nullptr, &out_map,
-                             static_cast<int>(ci.tok0) + m * kM, h32, row32);
+#pragma unroll
+    for (int i = 0; i < HP; ++i) {
+      epilogue_tma_store<T, 3>(acc[i], smem + L::kStage + (HP * ow + i) * L::kStageBytes, x_of(buf, m, i),
+                               s_d + 64 * i, p.D != nullptr, &out_map, static_cast<int>(ci.tok0) + m * kM,
+                               static_cast<int>(h0) + i, row32);
+    }
     tma::mbar_arrive(empty + (c_rel & 1));
   }
   if (lane == 0) tma::bulk_wait_all<true>();  // (the output stores are done)
 }
 
-template <class T, int NK>
+template <class T, int NK, int HP>
 void launch_ws_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map, int64_t walks,
                      cudaStream_t stream) {
-  auto kernel = fused_walk_ws_kernel<T, NK>;
-  constexpr int smem = WsLayout<T, NK>::kBytes;
+  auto kernel = fused_walk_ws_kernel<T, NK, HP>;
+  constexpr int smem = WsLayout<T, NK, HP>::kBytes;
   static_assert(smem <= 227 * 1024, "shared memory of the specialised walk");
   raise_smem_limit(reinterpret_cast<const void*>(kernel), smem, false, "cudaFuncSetAttribute(fused_walk specialised)");
-  const dim3 grid(1, static_cast<unsigned>(p.nheads), static_cast<unsigned>(walks * p.nseg));
+  const dim3 grid(1, static_cast<unsigned>(p.nheads / HP), static_cast<unsigned>(walks * p.nseg));
   launch_kernel(kernel, grid, dim3(3 * kThreads), smem, stream, true, 1, "launch fused_walk (specialised)", p, maps,
                 out_map);
 }
@@ -361,12 +446,17 @@ namespace fused_walk_parts {
 void launch_fused_walk_specialized(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map,
                                    int64_t walks, cudaStream_t stream) {
   if (p.dstate <= 64) {  // (one slice; dstate below 64: zero columns past it, as the TMA fills)
-    if (p.fp16) launch_ws_typed<cutlass::half_t, 1>(p, maps, out_map, walks, stream);
-    else launch_ws_typed<cutlass::bfloat16_t, 1>(p, maps, out_map, walks, stream);
+    if (p.ws_heads == 2) {
+      if (p.fp16) launch_ws_typed<cutlass::half_t, 1, 2>(p, maps, out_map, walks, stream);
+      else launch_ws_typed<cutlass::bfloat16_t, 1, 2>(p, maps, out_map, walks, stream);
+      return;
+    }
+    if (p.fp16) launch_ws_typed<cutlass::half_t, 1, 1>(p, maps, out_map, walks, stream);
+    else launch_ws_typed<cutlass::bfloat16_t, 1, 1>(p, maps, out_map, walks, stream);
     return;
   }
-  if (p.fp16) launch_ws_typed<cutlass::half_t, 2>(p, maps, out_map, walks, stream);
-  else launch_ws_typed<cutlass::bfloat16_t, 2>(p, maps, out_map, walks, stream);
+  if (p.fp16) launch_ws_typed<cutlass::half_t, 2, 1>(p, maps, out_map, walks, stream);
+  else launch_ws_typed<cutlass::bfloat16_t, 2, 1>(p, maps, out_map, walks, stream);
 }
 
 }  // namespace fused_walk_parts

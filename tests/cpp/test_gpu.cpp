@@ -571,6 +571,56 @@ TEST(Gpu, FusedWalkShortFirstSegment) {
   }
 }
 
+// fused_walk's specialised kernel with two heads of one group per CTA (KernelConfig::
+// fused_walk_heads_per_cta 2, dstate <= 64). Heads that decay and grow side by side (block 1's
+// output of one from H_s(mid), of the other from H_s(start)), two groups, D per head dim,
+// initial, final and chunk states, model decays, 4 segments and a partial last chunk; fp16 at
+// dstate 48 in one segment; 1 row x 160 heads (80 CTAs per segment: two segments, the first
+// short); and 3 heads per group, where it walks one head per CTA.
+TEST(Gpu, FusedWalkTwoHeadsPerCta) {
+  SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  int seed = 2200;
+  struct Case {
+    DType dtype;
+    int64_t batch, heads, groups, n, seqlen;
+    int segments;
+    bool mixed_a, chunk_states;
+    DMode d;
+  };
+  const DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  for (const Case& k : {Case{bf16, 2, 8, 2, 64, 4096 + 33, 4, true, true, DMode::kPerHeadDim},
+                        Case{fp16, 1, 12, 1, 48, 3000, 1, true, false, DMode::kPerHead},
+                        Case{bf16, 1, 160, 1, 64, 2048 + 5, 2, false, false, DMode::kPerHead},
+                        Case{bf16, 2, 6, 2, 64, 2000, 3, true, true, DMode::kPerHead}}) {
+    const int64_t hpg = k.heads / k.groups;
+    ASSERT_EQ(kernels::fused_walk_specialized_pairs(k.n, hpg), hpg % 2 == 0);
+    ASSERT_NO_FATAL_FAILURE(
+        expect_fused_variant(k.n, 128, k.batch * k.heads * k.segments, true, kernels::FusedWalkVariant::kSpecialized));
+    if (k.heads == 160) {
+      const int64_t chunks = (k.seqlen + 127) / 128;
+      const int64_t first = detail::first_segment_chunks(k.heads / 2, chunks, sms, true).first;
+      ASSERT_LT(first, chunks - first) << sms << " SMs: the case no longer covers a short first segment";
+    }
+    ProblemConfig c = base_config();
+    c.dtype = k.dtype;
+    c.dt_dtype = k.dtype;
+    c.batch = k.batch;
+    c.nheads = k.heads;
+    c.ngroups = k.groups;
+    c.dstate = k.n;
+    c.seqlen = k.seqlen;
+    c.d_mode = k.d;
+    c.model_decay = true;
+    c.mixed_a = k.mixed_a;
+    c.want_chunk_states = k.chunk_states;
+    c.kernel_config = {0, 0, 0, k.segments, 2, 2};
+    c.seed = ++seed;
+    check_problem(c, "fused-two-heads");
+  }
+}
+
 // Decays as in a model (model_decay: dt in [1e-3, 0.1] as mamba_ssm initialises it, |A| in
 // [1, 16]), where the states of the heads of small |A| carry over several chunks; the other tests'
 // distribution forgets a chunk within a few tokens, so the state passing hardly shows in their

@@ -62,7 +62,7 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
   const ProblemConfig base = small_config();
   const std::string k = key_of(base);
   EXPECT_EQ(k, key_of(base));
-  EXPECT_EQ(k.rfind("k33|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
+  EXPECT_EQ(k.rfind("k34|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
   ProblemConfig c = base;
   c.seqlen = 280;  // same power-of-two bucket of tokens per row (512)
   EXPECT_EQ(key_of(c), k);
@@ -87,18 +87,19 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
 
 TEST(TuningJson, RoundTripAndUnknownFieldsAreSkipped) {
   std::map<std::string, TuningEntry> a;
-  a["dev|sm132|bf16|p64"] = {{32, 4, 2, 8, 2}, 1.25, 1.5};
+  a["dev|sm132|bf16|p64"] = {{32, 4, 2, 8, 2, 2}, 1.25, 1.5};
   a["dev|sm132|f16|p128"] = {{64, 2, 1, 0, 1}, 0.5, 0.75};
   const std::string text = detail::to_tuning_json(a);
   std::map<std::string, TuningEntry> b;
   std::string why;
   ASSERT_TRUE(detail::parse_tuning_json(text, b, &why)) << why;
   ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b["dev|sm132|bf16|p64"].config, (KernelConfig{32, 4, 2, 8, 2}));
+  EXPECT_EQ(b["dev|sm132|bf16|p64"].config, (KernelConfig{32, 4, 2, 8, 2, 2}));
   EXPECT_DOUBLE_EQ(b["dev|sm132|bf16|p64"].ms, 1.25);
   EXPECT_EQ(b["dev|sm132|f16|p128"].config, (KernelConfig{64, 2, 1, 0, 1}));
   // A later version's extra fields are ignored; an entry from before walk segments leaves them
-  // unset, and one from before fused_walk was tuned on the two kernels (fused_walk 1).
+  // unset (and fused_walk's heads per CTA), and one from before fused_walk was tuned on the two
+  // kernels (fused_walk 1).
   const std::string extra =
       "{\"version\": 1, \"note\": {\"x\": [1, 2, \"y\"]}, \"entries\": [{\"key\": \"k\", \"future\": true, "
       "\"pass_state_dstate_tile\": 64, \"pass_state_stages\": 4, \"compute_out_heads_per_cta\": 4}]}";
@@ -113,6 +114,8 @@ TEST(TuningJson, BadTextIsRejectedWithAReason) {
   for (const char* bad : {"", "{", "[]", "{\"version\": 2, \"entries\": []}", "{\"entries\": []}",
                           "{\"version\": 1, \"entries\": [{\"key\": \"k\", \"pass_state_dstate_tile\": 48, "
                           "\"pass_state_stages\": 4, \"compute_out_heads_per_cta\": 2}]}",
+                          "{\"version\": 1, \"entries\": [{\"key\": \"k\", \"pass_state_dstate_tile\": 32, "
+                          "\"pass_state_stages\": 4, \"compute_out_heads_per_cta\": 2, \"fused_walk_heads_per_cta\": 4}]}",
                           "{\"version\": 1, \"entries\": [{\"pass_state_dstate_tile\": 32}]}",
                           "{\"version\": 1, \"entries\": [{\"key\": \"k\" \"x\": 1}]}"}) {
     why.clear();
@@ -411,15 +414,15 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   // segments at 64K since the sums split into parts (415.7 us, their sums in 2 parts; 423.2 in 8;
   // H200 2026-12-01 v33), 4 at 16K and 4K (136 / 44.3 us; 141 / 53.6 in 8; v24); else 32-column
   // tiles up to dstate 128, 64 from 256 on
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
-  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
-  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2, 1}));
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2, 1}));
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2, 1}));
   EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4).fused_walk, 2);
   // dstate 512: fused (two CTAs per walk) in 2 segments (128 CTAs; the fastest of 1-16 at 1K to
   // 64K tokens, 2026-11-30 v17); dstate 384: the two kernels over 64 chunks per walk (fused costs
   // what it does at 512: 458 us against 445 at 4 x 16K), fused under them (16 x 2K: 211 against
   // 253, v27)
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 2, 2}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 2, 2, 1}));
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).pass_state_segments, 2);
   EXPECT_EQ(pick(shape(1, 16384, 8, 1, 512), 1).pass_state_segments, 8);  // 156 us; 182 two kernels
   EXPECT_EQ(pick(shape(2, 8192, 32, 1, 512), 2).pass_state_segments, 1);  // 425 us; 571 two kernels
@@ -431,43 +434,48 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   // dstate 256: fused (two warpgroups, one CTA per SM) at any length (16 x 512 tokens: 34.6 us
   // against 70.4, v27), in 4 segments for 4 rows (128 CTAs; the fastest of 1-16 at 4K, 16K and
   // 64K on the H200, 2026-11-30 v16)
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
-  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
-  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2, 1}));
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2, 1}));
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 256), 4), (KernelConfig{64, 2, 2, 4, 2, 1}));
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 256), 4).fused_walk, 2);
   EXPECT_EQ(pick(shape(4, 896, 8, 1, 256), 4).fused_walk, 2);
-  EXPECT_EQ(pick(shape(16, 512, 8, 1, 256), 16), (KernelConfig{64, 2, 2, 1, 2}));
-  EXPECT_EQ(pick(shape(1, 16384, 8, 1, 256), 1), (KernelConfig{32, 2, 2, 16, 2}));  // 83.8 us; 168 two kernels
-  // dstate 64 with 128-token chunks: one head per compute_out CTA. Fused, the specialised kernel
-  // in 4 segments (128 CTAs, one wave) from 1K to 64K tokens (64K 343.6 us against 352.7 in 8,
-  // 16K 98.6 against 104.8, 4K 31.6 against 35.9, 1K 14.5 against 19.2; H200 2026-12-01 v33)
-  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2}));
-  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 64), 4).pass_state_segments, 4);
-  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 64), 4).pass_state_segments, 4);
+  EXPECT_EQ(pick(shape(16, 512, 8, 1, 256), 16), (KernelConfig{64, 2, 2, 1, 2, 1}));
+  EXPECT_EQ(pick(shape(1, 16384, 8, 1, 256), 1), (KernelConfig{32, 2, 2, 16, 2, 1}));  // 83.8 us; 168 two kernels
+  // dstate 64 with 128-token chunks: one head per compute_out CTA. Fused, the specialised kernel:
+  // from 16K tokens two heads per CTA in 8 segments (128 CTAs, one wave; 64K 303.3 us against
+  // 344.4 with one head in 4, 256K 1.192 ms against 1.335, 16K 94.1 against 99.0), below one head
+  // in 4 (4K 31.6 us against 34.0 with two in 8, 1K 14.4 against 18.1; H200 2026-12-01 v34)
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2, 2}));
+  EXPECT_EQ(pick(shape(4, 262144, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2, 2}));
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 8, 2, 2}));
+  EXPECT_EQ(pick(shape(4, 4096, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2, 1}));
   // short walks, few of them (32 or 64 tiles of 64 columns): fused, in the model's segments (1K
   // tokens: 4 for dstate 64, the specialised kernel, v33 above, and 4 for dstate 128, where 8 of
   // one warpgroup took 23.7 us against 21.0, H200 2026-11-30 v22); under 8 chunks too (4 x 768
   // tokens: 17.4 us against 23.3 in the two kernels, v27)
-  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2}));
-  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128), 4), (KernelConfig{32, 2, 1, 4, 2}));
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 64), 4), (KernelConfig{32, 2, 1, 4, 2, 1}));
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128), 4), (KernelConfig{32, 2, 1, 4, 2, 1}));
   EXPECT_EQ(pick(shape(4, 896, 8, 1, 64), 4).fused_walk, 2);
   EXPECT_EQ(pick(shape(4, 768, 8, 1, 128), 4).fused_walk, 2);
   // many short walks: fused (v27: 64 x 1K dstate 64, 97 us against 191; 64 x 256 tokens dstate
   // 128, 47.5 against 83.1)
   EXPECT_EQ(pick(shape(64, 1024, 8, 1, 64), 64).fused_walk, 2);
-  EXPECT_EQ(pick(shape(64, 256, 8, 1, 128), 64), (KernelConfig{64, 2, 2, 1, 2}));
+  EXPECT_EQ(pick(shape(64, 256, 8, 1, 128), 64), (KernelConfig{64, 2, 2, 1, 2, 1}));
   // a short sequence in the two kernels (chunks of 256 with the chunk states returned): one head
   // per compute_out CTA (two would be under one wave)
-  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128, 256), 4), (KernelConfig{32, 2, 1, 1, 1}));
+  EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128, 256), 4), (KernelConfig{32, 2, 1, 1, 1, 1}));
   // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, 1 segment for 4
   // rows x 80 heads (the specialised kernel in two waves or more: 473.8 us; 499.5 in 2, 541 in 3,
-  // H200 2026-12-01 v33; v24 550 in 2, 532 in 1) and for 8 rows x 64 heads
-  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 1, 2}));
-  EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64), 8), (KernelConfig{64, 2, 1, 1, 2}));
+  // H200 2026-12-01 v33; v24 550 in 2, 532 in 1) and for 8 rows x 64 heads, two heads per CTA
+  // there (225.2 us against 278.6 with one, v34)
+  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 1, 2, 1}));
+  EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64), 8), (KernelConfig{64, 2, 1, 1, 2, 2}));
+  // an odd number of heads per group: one head per CTA
+  EXPECT_EQ(pick(shape(8, 4096, 24, 8, 64), 8).fused_walk_heads_per_cta, 1);
   // 1 row x 80 heads (80 of 132 SMs): two segments with a short first one (first_segment_chunks;
   // 1 x 2K 44.1 us against 44.8 in one, 1 x 8K 141 against 150 in three, 1 x 64K 1.04 ms against
   // 1.11 in eight; H200 2026-12-01 v31), one where they are short (1 x 1K: 25.0 against 27.5)
-  EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1), (KernelConfig{64, 2, 2, 2, 2}));
+  EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1), (KernelConfig{64, 2, 2, 2, 2, 1}));
   EXPECT_EQ(pick(shape(1, 1024, 80, 1, 128), 1).pass_state_segments, 1);
   EXPECT_EQ(pick(shape(1, 2048, 96, 1, 128), 1).pass_state_segments, 1);  // 46.3 us; 48.4 in two
   EXPECT_EQ(pick(shape(8, 2048, 80, 1, 128), 8).fused_walk, 2);  // 213 us; 471 two kernels (v27)
@@ -477,19 +485,19 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(1, 8192, 70, 1, 128), 1).pass_state_segments, 2);  // 138 us; 153 in five
   EXPECT_EQ(pick(shape(8, 4096, 80, 1, 128), 8).pass_state_segments, 1);  // 451 us; 548 in 2 (v24)
   // chunks of 256 (when the chunk states are returned): not fused
-  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1, 1}));
+  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128, 256), 4), (KernelConfig{64, 2, 2, 1, 1, 1}));
   // few walks: 64-column tiles in segments (16 CTAs -> 16 segments; 20 -> 13; 2 rows of dstate
   // 64 -> 16), at least 8 chunks each (16K tokens in 256-token chunks: 8 segments), at least 4
   EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).pass_state_segments, 16);
-  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128, 256), 1), (KernelConfig{64, 2, 2, 13, 1}));
-  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128), 1), (KernelConfig{64, 2, 2, 13, 2}));  // 272 us; 281 in 16
+  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128, 256), 1), (KernelConfig{64, 2, 2, 13, 1, 1}));
+  EXPECT_EQ(pick(shape(1, 65536, 10, 1, 128), 1), (KernelConfig{64, 2, 2, 13, 2, 1}));  // 272 us; 281 in 16
   EXPECT_EQ(pick(shape(1, 65536, 20, 1, 128), 1).pass_state_segments, 13);  // 410 us; 544 in 16
   EXPECT_EQ(pick(shape(1, 16384, 20, 1, 128), 1).pass_state_segments, 13);
   EXPECT_EQ(pick(shape(1, 65536, 8, 1, 128), 1).fused_walk, 2);
   EXPECT_EQ(pick(shape(2, 65536, 8, 1, 64), 2).pass_state_segments, 16);
   EXPECT_EQ(pick(shape(1, 16384, 10, 1, 128, 256), 1).pass_state_segments, 8);
   // 16 chunks: fused, 16 of one chunk (20.2 us against 21.3 in 8; dstate 64: 17.0 against 19.6)
-  EXPECT_EQ(pick(shape(1, 2048, 8, 1, 128), 1), (KernelConfig{32, 2, 1, 16, 2}));
+  EXPECT_EQ(pick(shape(1, 2048, 8, 1, 128), 1), (KernelConfig{32, 2, 1, 16, 2, 1}));
 }
 
 // With seq_idx, z or an fp32 output (or the varlen layout) the specialised kernel does not run,
@@ -551,6 +559,8 @@ TEST(TuningValidate, ExplicitSettingsAreChecked) {
   expect_bad({0, 0, 0, 17}, "kernel_config.pass_state_segments", "1 to 16, got 17");
   expect_bad({0, 0, 0, -1}, "kernel_config.pass_state_segments", "got -1");
   expect_bad({0, 0, 0, 0, 3}, "kernel_config.fused_walk", "1 (two kernels) or 2 (fused), got 3");
+  expect_bad({0, 0, 0, 0, 2, 3}, "kernel_config.fused_walk_heads_per_cta", "1 or 2 (heads per CTA");
+  expect_bad({0, 0, 0, 0, 2, -1}, "kernel_config.fused_walk_heads_per_cta", "got -1");
   expect_bad({0, 0, 8}, "kernel_config.compute_out_heads_per_cta", "1, 2 or 4 for headdim 64");
   c.headdim = 128;
   Problem prob128(c);

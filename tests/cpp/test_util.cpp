@@ -199,7 +199,7 @@ std::string ProblemConfig::describe() const {
     << " chunk_states=" << want_chunk_states
     << " state_dtype=" << (state_dtype ? dtype_str(*state_dtype) : "default")
     << " chunk_offsets=" << want_chunk_offsets << " padded=" << padded_strides << " model_decay=" << model_decay
-    << " positive_a=" << positive_a << " seed=" << seed;
+    << " positive_a=" << positive_a << " mixed_a=" << mixed_a << " seed=" << seed;
   if (kernel_config != KernelConfig{}) o << " kernels=" << to_string(kernel_config);
   return o.str();
 }
@@ -311,6 +311,10 @@ Problem::Problem(const ProblemConfig& c) : cfg(c), shape(shape_of(c)) {
     for (int64_t i = 0; i < h; ++i) A.set({i}, -std::exp(std::log(16.0) * (static_cast<double>(i) + r.uniform()) / h));
   }
   if (cfg.positive_a) fill(A, "A", [](Rng& r) { return std::exp(r.uniform(std::log(0.01), std::log(0.05))); });
+  if (cfg.mixed_a) {
+    Rng r(mix64(cfg.seed) ^ name_hash("A-mixed"));
+    for (int64_t i = 1; i < h; i += 2) A.set({i}, std::exp(r.uniform(std::log(0.01), std::log(0.05))));
+  }
   B = HostTensor(cfg.dtype, tok({g, n}), pad);
   fill(B, "B", silu_randn);
   C = HostTensor(cfg.dtype, tok({g, n}), pad);

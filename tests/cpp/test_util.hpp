@@ -173,6 +173,9 @@ struct ProblemConfig {
   // A = +exp(uniform(log 0.01, log 0.05)) (growth instead of decay; mamba_ssm clamps the decay
   // factors between two tokens of a chunk at 1, not the state's): Gpu.PositiveA.
   bool positive_a = false;
+  // A as positive_a for the odd heads only (heads that decay and grow side by side, as in the
+  // pairs of heads of fused_walk's specialised kernel).
+  bool mixed_a = false;
   uint64_t seed = 0;
 
   // One line naming every setting, for test failure messages.
