@@ -210,6 +210,7 @@ int command_check(const Options& opt) {
   bool identical = false;
   {
     gpu::Mirror mirror(prob);  // outputs and workspace poisoned with NaN
+    std::printf("  kernels    %s\n", mirror.kernel_config_description().c_str());
     mirror.run_once();
     const std::vector<unsigned char> first = mirror.output_bytes();
     mirror.download_outputs();
