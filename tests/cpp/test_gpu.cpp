@@ -342,11 +342,18 @@ TEST(Gpu, WalkSegments) {
   }
 }
 
+// The SM count of device 0, which the kernels' settings depend on (0, and a failure, where the
+// query fails).
+int sm_count() {
+  int sms = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  return sms;
+}
+
 // Asserts that a case still runs the fused_walk variant it tests on this GPU: `ctas` walks x
 // heads x segments; `specialized`: the call fits kSpecialized (kernels::fused_walk_specialized_supported).
 void expect_fused_variant(int64_t n, int64_t q, int64_t ctas, bool specialized, kernels::FusedWalkVariant want) {
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int sms = sm_count();
   ASSERT_EQ(detail::fused_walk_variant(n, q, ctas, sms, specialized), want)
       << "dstate " << n << ", chunk " << q << ", " << ctas << " CTAs on " << sms
       << " SMs: the case no longer runs the variant it tests";
@@ -418,8 +425,7 @@ TEST(Gpu, FusedWalk) {
   // Segment sums in 128-column tiles (segment_sums_plan: more 64-column sum CTAs than three per
   // SM), stored as 64-column tiles for fused_walk: dstate 128 (32 walks x 2 tiles x 7 sums) and
   // 256 (8 x 4 x 14), the segment counts the shapes reduce 8 and 16 to.
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int sms = sm_count();
   struct Wide {
     int64_t batch, heads, n, seqlen;
     int segments, nseg;
@@ -543,8 +549,7 @@ TEST(Gpu, FusedWalk) {
 // chunks with a partial last one.
 TEST(Gpu, FusedWalkShortFirstSegment) {
   SKIP_WITHOUT_GPU();
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int sms = sm_count();
   int seed = 2100;
   struct Case {
     DType dtype;
@@ -579,8 +584,7 @@ TEST(Gpu, FusedWalkShortFirstSegment) {
 // short); and 3 heads per group, where it walks one head per CTA.
 TEST(Gpu, FusedWalkTwoHeadsPerCta) {
   SKIP_WITHOUT_GPU();
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int sms = sm_count();
   int seed = 2200;
   struct Case {
     DType dtype;
