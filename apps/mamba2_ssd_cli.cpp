@@ -47,8 +47,9 @@ const Command kCommands[] = {
      cli::kGroupProblem | cli::kGroupDevice | cli::kGroupCheck, cli::command_check},
     {"tune", "measure the kernel settings for a shape and store the fastest in the tuning cache",
      "Measures every setting of the tuned kernels (fwd_pass_state: dstate tile,\n"
-     "load-ring depth, walk segments; compute_out: heads per CTA) on random inputs of the given\n"
-     "shape, printing each timing as it comes, and stores the fastest in the\n"
+     "load-ring depth, walk segments; compute_out: heads per CTA; fused_walk: walk\n"
+     "segments, and heads per CTA of its specialised kernel at dstate <= 64) on random\n"
+     "inputs of the given shape, printing each timing as it comes, and stores the fastest in the\n"
      "tuning cache that forward() reads ($MAMBA2_SSD_TUNING_CACHE, else\n"
      "$XDG_CACHE_HOME/mamba2_ssd/tuning.json or ~/.cache/mamba2_ssd/tuning.json).\n"
      "--sweep tunes the benchmark's shape lists instead. Needs a Hopper GPU.",

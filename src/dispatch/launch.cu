@@ -434,7 +434,8 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
                    ? 2
                    : 1;
   if (k.nseg == 2 && !k.varlen && runs_specialized(k)) {
-    const int64_t first = detail::first_segment_chunks(k.batch * k.nheads / k.ws_heads, k.nchunks, sm_count, true).first;
+    const int64_t cta_heads = k.batch * k.nheads / k.ws_heads;  // (CTAs per segment)
+    const int64_t first = detail::first_segment_chunks(cta_heads, k.nchunks, sm_count, true).first;
     if (first < k.nchunks - first) {
       k.seg0_chunks = static_cast<int32_t>(first);
       k.seg_chunks = static_cast<int32_t>(k.nchunks - first);
@@ -803,12 +804,11 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   };
   // The split of the walks that a setting runs (a count the shape reduces to another's split
   // launches the same kernels).
-  auto nseg_of = [&](const KernelConfig& c) {
-    return c.fused_walk == 2 ? fused_params(p, k, c.pass_state_segments, c.fused_walk_heads_per_cta, w, dev.sm_count).nseg
-                             : with_pass_state(k, pass_state_of(c), w).nseg;
+  auto fused_of = [&](const KernelConfig& c) {
+    return fused_params(p, k, c.pass_state_segments, c.fused_walk_heads_per_cta, w, dev.sm_count);
   };
-  auto fused_heads_of = [&](const KernelConfig& c) {
-    return fused_params(p, k, c.pass_state_segments, c.fused_walk_heads_per_cta, w, dev.sm_count).ws_heads;
+  auto nseg_of = [&](const KernelConfig& c) {
+    return c.fused_walk == 2 ? fused_of(c).nseg : with_pass_state(k, pass_state_of(c), w).nseg;
   };
   const bool two_timed = best_ms > 0.0;  // (the budget may end before the first)
   const bool fused_wins = !fused_splits.empty() && (!two_timed || (heuristic_fused ? !clearly_faster(best_ms, fused_best_ms)
@@ -827,10 +827,9 @@ TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, voi
   // (settings that differ only in fields their mode does not use launch the same kernels)
   auto same_launch = [&](const KernelConfig& a, const KernelConfig& b) {
     if ((a.fused_walk == 2) != (b.fused_walk == 2) || nseg_of(a) != nseg_of(b)) return false;
-    if (a.fused_walk == 2) return fused_heads_of(a) == fused_heads_of(b);
-    return (a.pass_state_dstate_tile == b.pass_state_dstate_tile &&
-                                 a.pass_state_stages == b.pass_state_stages &&
-                                 a.compute_out_heads_per_cta == b.compute_out_heads_per_cta);
+    if (a.fused_walk == 2) return fused_of(a).ws_heads == fused_of(b).ws_heads;
+    return a.pass_state_dstate_tile == b.pass_state_dstate_tile && a.pass_state_stages == b.pass_state_stages &&
+           a.compute_out_heads_per_cta == b.compute_out_heads_per_cta;
   };
   if (r.complete && heuristic_runs && !same_launch(r.best, r.heuristic) && !out_of_time()) {
     double heur = config_ms(r.heuristic), best = config_ms(r.best);

@@ -94,7 +94,7 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
   return nseg > 1 && seg_chunks <= kernels::kSumsCumsumMaxChunks;
 }
 
-// fused_walk's segment count for walk_heads (walk, head) chains of `chunks` chunks with states of
+// fused_walk's segment count (fused_walk_plan) for walk_heads (walk, head) chains of `chunks` chunks with states of
 // dstate_tiles 64-column tiles: the count with the least modelled time, in units of one chunk of a
 // CTA that shares its SM with another (two fit per SM; dstate above 128: one CTA of two
 // warpgroups per SM, its chunk counted as one such unit; above 256: two such CTAs per walk).
@@ -261,7 +261,7 @@ inline FusedWalkPlan fused_walk_plan(const FusedWalkCall& c) {
                ? FusedWalkPlan{2, one * split / static_cast<double>(chunks)}
                : FusedWalkPlan{1, one};
   }
-  // The specialised kernel's walks x heads in two waves or more: one segment. Segments then only
+  // The specialised kernel's CTAs per segment in two waves or more: one segment. Segments then only
   // add the sums and start-ups, which the waves' price above undercounts against a partial last
   // wave: 2.7B layer 4 x 8K (320 CTAs) 473.8 us in 1 against 499.5 in 2 (v24: 532 against 550),
   // 8 x 4K 405.8 against 498.9, the 8-group layer (512 CTAs, dstate 64) 277.6 against 340.3
@@ -273,14 +273,6 @@ inline FusedWalkPlan fused_walk_plan(const FusedWalkCall& c) {
   int64_t seg = 1;
   while (cost(seg) > 1.01 * least) ++seg;
   return {seg, cost(seg)};
-}
-
-inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t dstate_tiles, int64_t chunk,
-                                   int sm_count, int max_segments, bool specialized = false,
-                                   bool splittable_sums = true, int heads_per_cta = 1) {
-  return fused_walk_plan({walk_heads, chunks, dstate_tiles, chunk, sm_count, max_segments, specialized, splittable_sums,
-                          heads_per_cta})
-      .segments;
 }
 
 // The rules below reproduce the tuner's picks on the H200 (bench --tune, 26 anchor and model
@@ -300,7 +292,7 @@ inline int64_t fused_walk_segments(int64_t walk_heads, int64_t chunks, int64_t d
 // x 10 heads of the 2.7B layer, 64K: 546 -> 329 us). With more walks the call is bound by the
 // two kernels' combined work, and segments only add the sums (anchor 64K: 792 -> 925+ us).
 // fused_walk (2026-11-30 v12): the walk and the output in one kernel, where it applies (but for
-// long walks at dstate 257-447, v27), with the segments of fused_walk_segments.
+// long walks at dstate 257-447, v27), with the segments (and heads per CTA) of fused_walk_plan.
 // walks: the rows (batched layout) or sequences (varlen); specialized_options: the call's layout
 // and options let fused_walk run its specialised kernel (kernels::fused_walk_specialized_options);
 // max_segments: max_walk_segments() of the call. fused_walk: 0 to choose, 1 or 2 for the settings

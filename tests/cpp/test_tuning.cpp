@@ -317,7 +317,7 @@ TEST(TuningHeuristic, FirstSegmentChunks) {
   // elsewhere the even split: all CTAs in one wave (66 or fewer), the long ones alone filling
   // it (132 or more), or not the specialised kernel
   EXPECT_EQ(first_segment_chunks(66, 64, 132, true).first, 32);
-  EXPECT_EQ(first_segment_chunks(66, 64, 132, true).rounds, 1);  // (fused_walk_segments' test of the regime)
+  EXPECT_EQ(first_segment_chunks(66, 64, 132, true).rounds, 1);  // (fused_walk_plan's test of the regime)
   EXPECT_EQ(first_segment_chunks(132, 64, 132, true).rounds, 1);
   EXPECT_EQ(first_segment_chunks(67, 64, 132, true).rounds, 2);
   EXPECT_EQ(first_segment_chunks(132, 64, 132, true).first, 32);
