@@ -210,6 +210,13 @@ bool gpu_present() {
 
 namespace {
 
+// Each summed segment of `k` in `split` parts (SsdParams::sum_split) of ceil(seg_chunks / split)
+// chunks (sum_part_chunks): set wherever the segments or the split change.
+void set_sum_split(kernels::SsdParams& k, int32_t split) {
+  k.sum_split = split;
+  k.sum_part_chunks = (k.seg_chunks + split - 1) / split;
+}
+
 // The kernels' parameters for a validated call and its workspace.
 kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape& s, const WorkspacePlan& w, char* ws) {
   const bool varlen = p.layout == Layout::kVarlen;
@@ -282,9 +289,8 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   k.nseg = 1;
   k.seg_chunks = static_cast<int32_t>(std::max<int64_t>(s.nchunks, 1));
   k.seg0_chunks = k.seg_chunks;
-  k.sum_split = 1;
+  set_sum_split(k, 1);
   k.sum_tile = 64;
-  k.sum_part_chunks = k.seg_chunks;
   k.ws_heads = 1;
   if (w.max_segments > 1) {
     k.seg_sums = reinterpret_cast<float*>(ws + w.seg_sums);
@@ -346,7 +352,7 @@ kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStat
     const int64_t len = (k.nchunks + want - 1) / want;
     k.seg_chunks = static_cast<int32_t>(len);
     k.seg0_chunks = k.seg_chunks;
-    k.sum_part_chunks = k.seg_chunks;
+    set_sum_split(k, 1);
     k.nseg = static_cast<int32_t>((k.nchunks + len - 1) / len);
   }
   if (!overlap_enabled()) k.ready = nullptr;
@@ -447,12 +453,11 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
                   (e == nullptr || std::string(e) != "0");
   const detail::SegmentSums plan = sums_plan(k, w, sm_count);
   k.sum_tile = plan.tile;
-  k.sum_split = plan.split;
+  set_sum_split(k, plan.split);
   // MAMBA2_SSD_SUMS_SPLIT=n: n parts per summed segment where they apply (for measuring).
   if (const char* s = std::getenv("MAMBA2_SSD_SUMS_SPLIT"); s != nullptr && sums_splittable(k)) {
-    k.sum_split = std::clamp(std::atoi(s), 1, std::max(std::min<int>(max_sum_split(k, w), k.seg_chunks), 1));
+    set_sum_split(k, std::clamp(std::atoi(s), 1, std::max(std::min<int>(max_sum_split(k, w), k.seg_chunks), 1)));
   }
-  k.sum_part_chunks = (k.seg_chunks + k.sum_split - 1) / k.sum_split;
   const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
   if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;
   return k;
