@@ -426,8 +426,9 @@ detail::SegmentSums sums_plan(const kernels::SsdParams& k, const WorkspacePlan& 
 // fused_walk's parameters: its segment sums in 64-column tiles, no progress counters (nothing
 // runs alongside), chunk states stored only for the caller or for varlen_states, the specialised
 // kernel's heads per CTA (`heads_per_cta`, where they pair), two segments of it split unevenly
-// where that balances the SMs (first_segment_chunks), chunk_cumsum's work done by the segment
-// sums where their segments are short, and the sums' parts (sums_plan).
+// where that balances the SMs (first_segment_chunks within a wave, multi_wave_first_segment
+// beyond it), chunk_cumsum's work done by the segment sums where their segments are short, and
+// the sums' parts (sums_plan).
 kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, int heads_per_cta,
                                 const WorkspacePlan& w, int sm_count) {
   kernels::PassStateConfig c;
@@ -441,7 +442,13 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
                    : 1;
   if (k.nseg == 2 && !k.varlen && runs_specialized(k)) {
     const int64_t cta_heads = k.batch * k.nheads / k.ws_heads;  // (CTAs per segment)
-    const int64_t first = detail::first_segment_chunks(cta_heads, k.nchunks, sm_count, true).first;
+    int64_t first = detail::multi_wave_split_runs(cta_heads, k.nchunks, k.dstate, k.ws_heads, true, sm_count)
+                        ? detail::multi_wave_first_segment(cta_heads, k.nchunks, sm_count).first
+                        : detail::first_segment_chunks(cta_heads, k.nchunks, sm_count, true).first;
+    // MAMBA2_SSD_FIRST_SEGMENT=n: the first of two segments n chunks long (for measuring)
+    if (const char* f = std::getenv("MAMBA2_SSD_FIRST_SEGMENT")) {
+      first = std::clamp<int64_t>(std::atoll(f), 1, std::max<int64_t>(k.nchunks - 1, 1));
+    }
     if (first < k.nchunks - first) {
       k.seg0_chunks = static_cast<int32_t>(first);
       k.seg_chunks = static_cast<int32_t>(k.nchunks - first);

@@ -169,7 +169,7 @@ inline kernels::FusedWalkVariant fused_walk_variant(int64_t dstate, int64_t chun
 // Two segments of the specialised kernel (one CTA per SM) where its walks x heads fill more than
 // half of the SMs but not all (the 2.7B layer's 80 heads on one row): the first segment short
 // and its CTAs on the SMs beside the second's, running `rounds` after one another there while
-// the long ones run once (launched first, fused_segment). Its length balances the two, the
+// the long ones run once (launched first, fused_cta). Its length balances the two, the
 // start-up of 4 chunks per CTA counted: rest + 4 = rounds x (first + 4), rest = chunks - first.
 // Elsewhere the even split (first = ceil(chunks / 2), rounds = 1). With 80 of 132 SMs, rounds
 // 2: 16 chunks as 4 + 12 (one wave of 12 plus start-up against 16 in one segment), 64 as 20 + 44
@@ -183,6 +183,58 @@ inline FirstSegment first_segment_chunks(int64_t walk_heads, int64_t chunks, int
   const int64_t free_sms = sm - walk_heads;
   const int64_t rounds = 1 + (2 * walk_heads - sm + free_sms - 1) / free_sms;
   return {std::clamp<int64_t>((chunks - 4 * (rounds - 1)) / (1 + rounds), 1, even), rounds};
+}
+
+// Two segments of the specialised kernel where its CTAs per segment (walks x heads) take more than
+// a wave: the long segments of every walk launched first, the short ones after (fused_cta), each
+// CTA on the SM that frees first. long_first_makespan is that schedule's end, exactly, for
+// `ctas` long CTAs of `lg` and as many short ones of `sh` (chunks, start-up counted) on `sm` SMs:
+// the long ones in full waves and a partial last one, beside which the short ones start; those
+// SMs run ceil(lg / sh) of them each before the partial wave's SMs join, the rest in rounds.
+inline int64_t long_first_makespan(int64_t ctas, int64_t sm, int64_t lg, int64_t sh) {
+  const int64_t waves = ctas / sm, part = ctas % sm;
+  if (part == 0) return waves * lg + (ctas + sm - 1) / sm * sh;
+  const int64_t t0 = waves * lg, t1 = t0 + lg, beside = (lg + sh - 1) / sh;
+  if (ctas <= (sm - part) * beside) return std::max(t1, t0 + (ctas + sm - part - 1) / (sm - part) * sh);
+  const int64_t rest = ctas - (sm - part) * beside, late = beside * sh - lg;  // (the side SMs free at t1 + late)
+  const int64_t rounds = rest / sm, left = rest % sm;
+  if (left == 0) return t1 + late + rounds * sh;
+  return left <= part ? t1 + (rounds + 1) * sh : t1 + late + (rounds + 1) * sh;
+}
+// The first segment's length that ends that schedule soonest (the shortest of equals), with the
+// schedule's end against one segment's, ceil(ctas / sm) waves of chunks + 4.
+struct MultiWaveSplit {
+  int64_t first;
+  double ratio;
+};
+inline MultiWaveSplit multi_wave_first_segment(int64_t ctas, int64_t chunks, int sm_count) {
+  const int64_t sm = std::max(sm_count, 1);
+  MultiWaveSplit best{(chunks + 1) / 2, 1.0};
+  if (chunks < 3) return best;
+  const double one = static_cast<double>((ctas + sm - 1) / sm * (chunks + 4));
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (int64_t f = 1; f < chunks - f; ++f) {
+    const int64_t t = long_first_makespan(ctas, sm, chunks - f + 4, f + 4);
+    if (t < least) {
+      least = t;
+      best = {f, static_cast<double>(t) / one};
+    }
+  }
+  return best;
+}
+// Where that split runs: the specialised kernel with one head per CTA at dstate 65-128 (where it
+// was measured), in the batched layout, its CTAs per segment in more than a wave, and the schedule
+// ending by 0.92 of one segment's. The calls gained about 0.4-0.6 of the schedule's gain (the
+// chunks of a full GPU cost more, and the sums come first): the 2.7B layer (80 heads, dstate 128)
+// 4 x 8K predicted 0.88 at 8, measured 476.5 -> 457.2 us; 4 x 16K 0.86 at 30 (938 -> 894.9 us at
+// 24); 2 x 8K 0.71 at 20 (277.0 us in 4 even segments -> 258.1); 2 x 4K 0.75 at 9 (154.7 in 2
+// -> 135.5 at 10); and where it predicted no gain none came: 3 x 8K 0.97 (323.0 -> 351.3 and
+// more), 4 x 2K 1.0 (128.5 -> 131.9 and more), 8 x 4K 1.08 (410.0 -> 446.9 and more) (H200,
+// 2026-12-01 v36, forced lengths).
+inline bool multi_wave_split_runs(int64_t ctas, int64_t chunks, int64_t dstate, int heads_per_cta, bool batched,
+                                  int sm_count) {
+  return dstate > 64 && dstate <= 128 && heads_per_cta == 1 && batched && ctas >= std::max(sm_count, 1) &&
+         multi_wave_first_segment(ctas, chunks, sm_count).ratio <= 0.92;
 }
 
 // A fused_walk call as the segment model prices it: walks x heads, chunks per walk, 64-column
@@ -260,6 +312,13 @@ inline FusedWalkPlan fused_walk_plan(const FusedWalkCall& c) {
     return c.max_segments >= 2 && f.first < chunks - f.first && split < static_cast<double>(chunks)
                ? FusedWalkPlan{2, one * split / static_cast<double>(chunks)}
                : FusedWalkPlan{1, one};
+  }
+  // The specialised kernel's CTAs per segment in more than a wave: two segments, the first short,
+  // where multi_wave_split_runs (priced at 0.3 + 0.7 of the schedule's ratio: the gains measured
+  // there), else as below.
+  if (c.specialized && c.max_segments >= 2 &&
+      multi_wave_split_runs(cta_heads, chunks, 64 * c.dstate_tiles, c.heads_per_cta, c.splittable_sums, c.sm_count)) {
+    return {2, cost(1) * (0.3 + 0.7 * multi_wave_first_segment(cta_heads, chunks, c.sm_count).ratio)};
   }
   // The specialised kernel's CTAs per segment in two waves or more: one segment. Segments then only
   // add the sums and start-ups, which the waves' price above undercounts against a partial last

@@ -187,8 +187,9 @@ bool read_file(const std::string& path, std::string& text) {
 // their segments into parts, segment_sums_plan, which moves the best segment counts; v33: the
 // specialised fused_walk takes dstate <= 64 too, one CTA per SM where three ran; v34: there it
 // may walk two heads per CTA, KernelConfig::fused_walk_heads_per_cta, which moves the best
-// segment counts).
-constexpr int kKernelRevision = 34;
+// segment counts; v36: two segments of it beyond a wave may split unevenly too, the long segments
+// of every walk launched first, multi_wave_first_segment).
+constexpr int kKernelRevision = 36;
 
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {
   const bool varlen = p.layout == Layout::kVarlen;

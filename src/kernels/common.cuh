@@ -303,9 +303,21 @@ __device__ __forceinline__ SegmentRange segment_range(const SsdParams& p, int se
 }
 // The segment sums stored per (walk, head) (see sum_split).
 __device__ __forceinline__ int sums_per_walk_head(const SsdParams& p) { return (p.nseg - 1) * p.sum_split; }
-// fused_walk's segment for the CTA index `z` (walk z / nseg): with a short first segment the
-// last segment's CTAs come first, so that the long runs start in the first wave and the short
-// ones fill the SMs beside them (tuning.hpp: first_segment_chunks).
+// fused_walk's walk and segment for the CTA index `z` of `walks` x nseg: walk-major (z / nseg,
+// z % nseg), but with a short first segment the long segments of every walk first and the short
+// ones after them, so that the long runs start in the first wave and the short ones fill the SMs
+// beside them and the tail of the last wave (tuning.hpp: first_segment_chunks,
+// multi_wave_first_segment).
+struct FusedCta {
+  int64_t walk;
+  int seg;
+};
+__device__ __forceinline__ FusedCta fused_cta(const SsdParams& p, unsigned z, unsigned walks) {
+  if (p.seg0_chunks < p.seg_chunks) return {static_cast<int64_t>(z % walks), p.nseg - 1 - static_cast<int>(z / walks)};
+  return {static_cast<int64_t>(z / static_cast<unsigned>(p.nseg)), static_cast<int>(z % static_cast<unsigned>(p.nseg))};
+}
+// The same segment with walk-major CTAs (walk z / nseg) for fused_walk's other kernels, which
+// never run a short first segment (its long-first order there made the three-per-SM kernel spill).
 __device__ __forceinline__ int fused_segment(const SsdParams& p, unsigned z) {
   const int s = static_cast<int>(z % static_cast<unsigned>(p.nseg));
   return p.seg0_chunks < p.seg_chunks ? p.nseg - 1 - s : s;

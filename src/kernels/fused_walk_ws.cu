@@ -75,8 +75,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / kThreads, wtid = tid % kThreads;
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * HP;  // (heads h0 .. h0 + HP - 1, of one group)
-  const int seg = fused_segment(p, blockIdx.z);
-  const Walk walk = make_walk(p, blockIdx.z / p.nseg);
+  const FusedCta cta = fused_cta(p, blockIdx.z, gridDim.z / static_cast<unsigned>(p.nseg));
+  const int seg = cta.seg;
+  const Walk walk = make_walk(p, cta.walk);
   const int64_t grp = h0 / p.heads_per_group;
   bool a_grows[HP];  // (see fused_walk_kernel)
 #pragma unroll

@@ -546,25 +546,29 @@ TEST(Gpu, FusedWalk) {
 // long ones'. Model-like decays (states carry over the segment edge), initial, final and chunk
 // states; 80 heads x 16 chunks (4 + 12), 100 heads x 24 chunks with a partial last one (fp16; the
 // short CTAs in 4 rounds: 2 + 22), 70 heads x 64 chunks (20 + 44), and at dstate 64 80 heads x 33
-// chunks with a partial last one.
+// chunks with a partial last one. Beyond a wave (detail::multi_wave_first_segment), the long
+// segments of every row first: 2 rows x 80 heads x 32 chunks (9 + 23) with a partial last chunk.
 TEST(Gpu, FusedWalkShortFirstSegment) {
   SKIP_WITHOUT_GPU();
   const int sms = sm_count();
   int seed = 2100;
   struct Case {
     DType dtype;
-    int64_t heads, seqlen, n;
+    int64_t batch, heads, seqlen, n;
   };
-  for (const Case& k : {Case{DType::kBFloat16, 80, 2048, 128}, Case{DType::kFloat16, 100, 3000 + 17, 128},
-                        Case{DType::kBFloat16, 70, 8192, 128}, Case{DType::kBFloat16, 80, 4096 + 33, 64}}) {
-    const int64_t chunks = (k.seqlen + 127) / 128;
-    const int64_t first = detail::first_segment_chunks(k.heads, chunks, sms, true).first;
-    ASSERT_LT(first, chunks - first) << k.heads << " heads on " << sms
+  for (const Case& k : {Case{DType::kBFloat16, 1, 80, 2048, 128}, Case{DType::kFloat16, 1, 100, 3000 + 17, 128},
+                        Case{DType::kBFloat16, 1, 70, 8192, 128}, Case{DType::kBFloat16, 1, 80, 4096 + 33, 64},
+                        Case{DType::kBFloat16, 2, 80, 4096 - 21, 128}}) {
+    const int64_t chunks = (k.seqlen + 127) / 128, ctas = k.batch * k.heads;
+    const bool multi_wave = detail::multi_wave_split_runs(ctas, chunks, k.n, 1, true, sms);
+    const int64_t first = multi_wave ? detail::multi_wave_first_segment(ctas, chunks, sms).first
+                                     : detail::first_segment_chunks(ctas, chunks, sms, true).first;
+    ASSERT_LT(first, chunks - first) << ctas << " CTAs per segment on " << sms
                                      << " SMs: the case no longer covers a short first segment";
-    ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, 128, 2 * k.heads, true, kernels::FusedWalkVariant::kSpecialized));
+    ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, 128, 2 * ctas, true, kernels::FusedWalkVariant::kSpecialized));
     ProblemConfig c = base_config();
     c.dtype = k.dtype;
-    c.batch = 1;
+    c.batch = k.batch;
     c.nheads = k.heads;
     c.dstate = k.n;
     c.seqlen = k.seqlen;

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dispatch/tuning.hpp"
 #include "dispatch/tuning_cache.hpp"
@@ -62,7 +64,7 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
   const ProblemConfig base = small_config();
   const std::string k = key_of(base);
   EXPECT_EQ(k, key_of(base));
-  EXPECT_EQ(k.rfind("k34|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
+  EXPECT_EQ(k.rfind("k36|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
   ProblemConfig c = base;
   c.seqlen = 280;  // same power-of-two bucket of tokens per row (512)
   EXPECT_EQ(key_of(c), k);
@@ -331,6 +333,55 @@ TEST(TuningHeuristic, FirstSegmentChunks) {
   }
 }
 
+// The long-first schedule of two segments beyond a wave (long_first_makespan) against the
+// schedule itself, each CTA to the SM that frees first; the first segment's length and where it
+// runs (multi_wave_first_segment, multi_wave_split_runs) on the calls it was measured on.
+TEST(TuningHeuristic, MultiWaveFirstSegment) {
+  using detail::long_first_makespan;
+  auto simulate = [](int64_t ctas, int64_t sm, int64_t lg, int64_t sh) {
+    std::vector<int64_t> free_at(static_cast<size_t>(sm), 0);
+    int64_t end = 0;
+    for (int64_t i = 0; i < 2 * ctas; ++i) {
+      auto it = std::min_element(free_at.begin(), free_at.end());
+      *it += i < ctas ? lg : sh;
+      end = std::max(end, *it);
+    }
+    return end;
+  };
+  for (int64_t ctas : {1, 5, 131, 132, 133, 160, 240, 264, 320, 500, 640}) {
+    for (int64_t chunks : {3, 4, 16, 33, 64, 200}) {
+      for (int64_t first = 1; first < chunks - first; first += 1 + first / 3) {
+        ASSERT_EQ(long_first_makespan(ctas, 132, chunks - first + 4, first + 4),
+                  simulate(ctas, 132, chunks - first + 4, first + 4))
+            << ctas << " CTAs, " << chunks << " chunks, first " << first;
+      }
+    }
+  }
+  using detail::multi_wave_first_segment;
+  using detail::multi_wave_split_runs;
+  // the 2.7B layer (80 heads, dstate 128): the measured best length or next to it
+  EXPECT_EQ(multi_wave_first_segment(320, 64, 132).first, 8);    // 4 x 8K (8: 457.2 us, 12: 466.4)
+  EXPECT_EQ(multi_wave_first_segment(160, 64, 132).first, 20);   // 2 x 8K (20: 258.1, 16: 272.1)
+  EXPECT_EQ(multi_wave_first_segment(160, 32, 132).first, 9);    // 2 x 4K (10: 135.5, 8: 143.0)
+  EXPECT_TRUE(multi_wave_split_runs(320, 64, 128, 1, true, 132));
+  EXPECT_TRUE(multi_wave_split_runs(320, 128, 128, 1, true, 132));  // 4 x 16K
+  EXPECT_TRUE(multi_wave_split_runs(160, 32, 128, 1, true, 132));
+  EXPECT_FALSE(multi_wave_split_runs(240, 64, 128, 1, true, 132));   // 3 x 8K
+  EXPECT_FALSE(multi_wave_split_runs(320, 16, 128, 1, true, 132));   // 4 x 2K
+  EXPECT_FALSE(multi_wave_split_runs(640, 32, 128, 1, true, 132));   // 8 x 4K
+  EXPECT_FALSE(multi_wave_split_runs(264, 64, 128, 1, true, 132));   // two full waves
+  EXPECT_FALSE(multi_wave_split_runs(80, 64, 128, 1, true, 132));    // within a wave: first_segment_chunks
+  EXPECT_FALSE(multi_wave_split_runs(320, 64, 64, 1, true, 132));    // (dstate 64: not measured)
+  EXPECT_FALSE(multi_wave_split_runs(320, 64, 128, 1, false, 132));  // (varlen)
+  for (int64_t ctas = 132; ctas < 1400; ctas += 37) {
+    for (int64_t chunks = 1; chunks <= 600; chunks += 13) {
+      const auto f = multi_wave_first_segment(ctas, chunks, 132);
+      ASSERT_GE(f.first, 1);
+      if (f.ratio < 1.0) ASSERT_LT(f.first, chunks - f.first) << ctas << " CTAs, " << chunks << " chunks";
+    }
+  }
+}
+
 TEST(TuningHeuristic, SumsTakeCumsum) {
   using detail::sums_take_cumsum;
   EXPECT_TRUE(sums_take_cumsum(4, 2));    // anchor 1K: 4 segments of 2 chunks
@@ -464,11 +515,13 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   // a short sequence in the two kernels (chunks of 256 with the chunk states returned): one head
   // per compute_out CTA (two would be under one wave)
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 128, 256), 4), (KernelConfig{32, 2, 1, 1, 1, 1}));
-  // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, 1 segment for 4
-  // rows x 80 heads (the specialised kernel in two waves or more: 473.8 us; 499.5 in 2, 541 in 3,
-  // H200 2026-12-01 v33; v24 550 in 2, 532 in 1) and for 8 rows x 64 heads, two heads per CTA
-  // there (225.2 us against 278.6 with one, v34)
-  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 1, 2, 1}));
+  // the 2.7B layer and the 8-group layer (chunks of 256, run as 128): fused, for 4 rows x 80
+  // heads (2.4 waves) 2 segments, the first short and launched last (multi_wave_first_segment:
+  // 457.2 us against 476.5 in 1, H200 2026-12-01 v36; even, 499.5 in 2 against 473.8 in 1, v33),
+  // 1 for 8 rows x 80 (4.8 waves, 410.0 us; 446.9 and more in 2), and for 8 rows x 64 heads one
+  // segment, two heads per CTA (225.2 us against 278.6 with one, v34)
+  EXPECT_EQ(pick(shape(4, 8192, 80, 1, 128), 4), (KernelConfig{64, 2, 2, 2, 2, 1}));
+  EXPECT_EQ(pick(shape(8, 4096, 80, 1, 128), 8).pass_state_segments, 1);
   EXPECT_EQ(pick(shape(8, 4096, 64, 8, 64), 8), (KernelConfig{64, 2, 1, 1, 2, 2}));
   // an odd number of heads per group: one head per CTA
   EXPECT_EQ(pick(shape(8, 4096, 24, 8, 64), 8).fused_walk_heads_per_cta, 1);
@@ -524,7 +577,10 @@ TEST(TuningHeuristic, SegmentsOfTheKernelThatRuns) {
   EXPECT_EQ(segments(shape(4, 16384, 8), 4, true), 4);
   EXPECT_EQ(segments(shape(4, 16384, 8), 4, false), 8);
   EXPECT_EQ(segments(shape(4, 4096, 8), 4, false), 8);
-  EXPECT_EQ(segments(shape(4, 8192, 80), 4, true), 1);  // (two waves or more: v33, 473.8 us against 499.5 in 2)
+  // (more than a wave: 2, the first short, where multi_wave_split_runs; v36, 457.2 us against 476.5
+  // in 1; 3 rows, 1.8 waves: 1, 323.0 us against 351.3 and more in 2)
+  EXPECT_EQ(segments(shape(4, 8192, 80), 4, true), 2);
+  EXPECT_EQ(segments(shape(3, 8192, 80), 3, true), 1);
   EXPECT_EQ(segments(shape(4, 8192, 80), 4, false), 4);
   // the two-warpgroup kernel (CTAs within one per SM) against one-warpgroup CTAs two per SM, with
   // seq_idx (8 sequences in 1 row; H200, 2026-11-30 v30): 10 heads x 16 chunks in 8 segments of two
