@@ -210,11 +210,13 @@ bool gpu_present() {
 
 namespace {
 
-// Each summed segment of `k` in `split` parts (SsdParams::sum_split) of ceil(seg_chunks / split)
-// chunks (sum_part_chunks): set wherever the segments or the split change.
+// The longest segment that is summed (not the last): the first where it is the shorter of two.
+int32_t longest_summed(const kernels::SsdParams& k) { return k.nseg > 2 ? k.seg_chunks : k.seg0_chunks; }
+// Each summed segment of `k` in `split` parts (SsdParams::sum_split) of ceil(longest_summed /
+// split) chunks (sum_part_chunks): set wherever the segments or the split change.
 void set_sum_split(kernels::SsdParams& k, int32_t split) {
   k.sum_split = split;
-  k.sum_part_chunks = (k.seg_chunks + split - 1) / split;
+  k.sum_part_chunks = (longest_summed(k) + split - 1) / split;
 }
 
 // The kernels' parameters for a validated call and its workspace.
@@ -410,16 +412,14 @@ bool runs_specialized(const kernels::SsdParams& k) {
 // many parts at most (the workspace holds max_segments - 1 sums per walk and head).
 bool sums_splittable(const kernels::SsdParams& k) {
   return k.nseg > 1 &&
-         detail::sums_split_allowed(!k.varlen, k.seg0_chunks == k.seg_chunks, k.sums_cumsum, k.headdim, k.chunk);
+         detail::sums_split_allowed(!k.varlen, k.sums_cumsum, k.headdim, k.chunk);
 }
 int max_sum_split(const kernels::SsdParams& k, const WorkspacePlan& w) {
   return k.nseg > 1 ? (w.max_segments - 1) / (k.nseg - 1) : 1;
 }
 detail::SegmentSums sums_plan(const kernels::SsdParams& k, const WorkspacePlan& w, int sm_count) {
   const int64_t walk_heads = (k.varlen ? k.nseq : k.batch) * k.nheads;
-  // (the longest summed segment: the first where it is the shorter of two)
-  const int64_t chain = std::max<int64_t>(k.seg0_chunks, k.nseg > 2 ? k.seg_chunks : 0);
-  return detail::segment_sums_plan(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, chain, sums_splittable(k),
+  return detail::segment_sums_plan(k.headdim, k.dstate, k.chunk, walk_heads, k.nseg, longest_summed(k), sums_splittable(k),
                                    max_sum_split(k, w), sm_count);
 }
 
@@ -463,7 +463,7 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
   set_sum_split(k, plan.split);
   // MAMBA2_SSD_SUMS_SPLIT=n: n parts per summed segment where they apply (for measuring).
   if (const char* s = std::getenv("MAMBA2_SSD_SUMS_SPLIT"); s != nullptr && sums_splittable(k)) {
-    set_sum_split(k, std::clamp(std::atoi(s), 1, std::max(std::min<int>(max_sum_split(k, w), k.seg_chunks), 1)));
+    set_sum_split(k, std::clamp(std::atoi(s), 1, std::max(std::min<int>(max_sum_split(k, w), longest_summed(k)), 1)));
   }
   const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
   if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;

@@ -38,8 +38,9 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 
 // fused_walk's segment sums (kernels::launch_segment_sums): their column tile, 64 (three CTAs per
 // SM) or 128 (two; headdim 64, chunks of 128), and the parts each summed segment is split into
-// (SsdParams::sum_split; `splittable`: segments of one length without chunk_cumsum's work, the
-// batched layout; at most max_split and 4 parts, and kMaxSplitSums sums per walk and head, which
+// (SsdParams::sum_split; `splittable`: without chunk_cumsum's work, the batched layout; chains
+// of more than kSumsCumsumMaxChunks chunks; at most max_split and 4 parts, and kMaxSplitSums sums
+// per walk and head, which
 // each walk combines at its start: 1 row x 10 heads x 16K in 13 segments, 24 sums in 2 parts of
 // 128 columns, took 0.7% longer, about half of it then the sums kernel's code, design log v32).
 // - Where the 64-column CTAs would run in more than one wave: 128 columns, one part. One X tile
@@ -54,12 +55,17 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // - Chains equally long: 128 columns above dstate 128 from 64 chunks per chain, else 64, the
 //   shorter step (anchor dstate 256 at 64K / 256K tokens 839 -> 814 us / 3.435 -> 3.343 ms,
 //   128-chunk and 512-chunk chains; at 4K 68.6 -> 70.0 us, 8 chunks; v17: dstate 128 at 1K +2%).
+// - A short first segment (two segments, the first summed) splits too, since v36: the 2.7B layer
+//   on 1 row, 80 heads, first segments of 9 / 20 / 169 chunks in 3 parts of 128 columns, 1 x 4K
+//   76.7 -> 75.1 us, 1 x 8K 142.4 -> 133.2, 1 x 64K 1.043 -> 0.941 ms; 70 heads x 8K 141.7 ->
+//   130.9. Its 4 chunks at 1 x 2K in 2 parts: 44.3 -> 44.5 us, so chains of up to
+//   kSumsCumsumMaxChunks stay whole (even segments that short take chunk_cumsum's work, unsplit).
 constexpr int64_t kMaxSplitSums = 8;
-// Whether the sums may split their segments at all: the batched layout, segments of one length,
-// without chunk_cumsum's work, headdim 64 and chunks of 128 (the launch's sums_splittable and the
-// segment model's price both ask this).
-inline bool sums_split_allowed(bool batched, bool even_segments, bool sums_cumsum, int64_t headdim, int64_t chunk) {
-  return batched && even_segments && !sums_cumsum && headdim == 64 && chunk == 128;
+// Whether the sums may split their segments at all: the batched layout, without chunk_cumsum's
+// work, headdim 64 and chunks of 128 (the launch's sums_splittable and the segment model's price
+// both ask this).
+inline bool sums_split_allowed(bool batched, bool sums_cumsum, int64_t headdim, int64_t chunk) {
+  return batched && !sums_cumsum && headdim == 64 && chunk == 128;
 }
 struct SegmentSums {
   int tile;   // state columns per sum CTA
@@ -70,9 +76,9 @@ inline SegmentSums segment_sums_plan(int64_t headdim, int64_t dstate, int64_t ch
   if (headdim != 64 || chunk != 128 || nseg < 2) return {64, 1};
   const int64_t sm = std::max(sm_count, 1), sums = walk_heads * (nseg - 1);
   const bool wide = dstate > 64;  // (at most 64 columns: one tile of 64 either way)
-  const int64_t cap =
-      splittable ? std::clamp<int64_t>(std::min<int64_t>({max_split, seg_chunks, kMaxSplitSums / (nseg - 1)}), 1, 4)
-                 : 1;
+  const int64_t cap = splittable && seg_chunks > kernels::kSumsCumsumMaxChunks
+                          ? std::clamp<int64_t>(std::min<int64_t>({max_split, seg_chunks, kMaxSplitSums / (nseg - 1)}), 1, 4)
+                          : 1;
   // The most parts whose CTAs fit one wave (0: not even one part does).
   auto parts = [&](int64_t ctas, int64_t slots) { return ctas <= slots ? std::min(cap, slots / ctas) : int64_t{0}; };
   const int64_t r64 = parts(sums * ((dstate + 63) / 64), 3 * sm);
@@ -268,7 +274,7 @@ inline double fused_walk_cost(const FusedWalkCall& c, int64_t want) {
   double sums = 0.0;
   if (seg > 1) {
     const bool parts =
-        sums_split_allowed(c.splittable_sums, true, sums_take_cumsum(static_cast<int>(seg), len_chunks), 64, chunk);
+        sums_split_allowed(c.splittable_sums, sums_take_cumsum(static_cast<int>(seg), len_chunks), 64, chunk);
     const SegmentSums plan = segment_sums_plan(64, 64 * dstate_tiles, chunk, walk_heads, static_cast<int>(seg),
                                                len_chunks, parts, static_cast<int>((c.max_segments - 1) / (seg - 1)),
                                                c.sm_count);

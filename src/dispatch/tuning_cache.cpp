@@ -188,7 +188,8 @@ bool read_file(const std::string& path, std::string& text) {
 // specialised fused_walk takes dstate <= 64 too, one CTA per SM where three ran; v34: there it
 // may walk two heads per CTA, KernelConfig::fused_walk_heads_per_cta, which moves the best
 // segment counts; v36: two segments of it beyond a wave may split unevenly too, the long segments
-// of every walk launched first, multi_wave_first_segment).
+// of every walk launched first, multi_wave_first_segment; the segment sums of a short first
+// segment split into parts, which moves the best lengths and counts).
 constexpr int kKernelRevision = 36;
 
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {

@@ -86,11 +86,11 @@ struct SsdParams {
   // ---- fused_walk's segment sums (sum_split: above, beside nseg, in the same constant-cache line;
   // the others added last, so that no other field moved)
   // sum_split: the sums launch splits each summed segment into sum_split parts of
-  // ceil(seg_chunks / sum_split) chunks (the last may be shorter or empty), one CTA chain each,
-  // stored in order ([walk][head][segment x sum_split + part]): the state entering segment k
-  // combines the first k x sum_split of them the same way (fused_walk only, segments of one
-  // length, without sums_cumsum; else 1). sum_tile: the sums launch's column tile (64 or 128;
-  // host side only); sum_part_chunks: ceil(seg_chunks / sum_split).
+  // sum_part_chunks chunks (the last may be shorter or empty), one CTA chain each, stored in
+  // order ([walk][head][segment x sum_split + part]): the state entering segment k combines the
+  // first k x sum_split of them the same way (fused_walk only, without sums_cumsum; else 1).
+  // sum_tile: the sums launch's column tile (64 or 128; host side only); sum_part_chunks:
+  // ceil(the longest summed segment / sum_split) (seg0_chunks for two segments, else seg_chunks).
   int32_t sum_tile, sum_part_chunks;
   // fused_walk's specialised kernel: heads per CTA, 2 only at dstate <= 64 with an even number of
   // heads per group (fused_walk_specialized_pairs), else 1.

@@ -552,13 +552,15 @@ void launch_checked(const SsdParams& p, const PassStateConfig& cfg, bool sums_on
     throw_launch_error("fwd_pass_state: at most 65535 walks x segments per launch, got " +
                        std::to_string(walks * p.nseg));
   }
-  if (p.sum_split < 1 || (p.nseg > 1 && static_cast<int64_t>(p.sum_part_chunks) * p.sum_split < p.seg_chunks) ||
-      (p.sum_split > 1 && (!sums_only || p.sums_cumsum || p.varlen || p.seg0_chunks != p.seg_chunks ||
-                           walks * (p.nseg - 1) * p.sum_split > 65535))) {
+  // (the longest summed segment: the first where it is the shorter of two)
+  const int64_t summed = p.nseg > 2 ? p.seg_chunks : p.seg0_chunks;
+  if (p.sum_split < 1 || (p.nseg > 1 && static_cast<int64_t>(p.sum_part_chunks) * p.sum_split < summed) ||
+      (p.sum_split > 1 && (!sums_only || p.sums_cumsum || p.varlen || walks * (p.nseg - 1) * p.sum_split > 65535))) {
     throw_launch_error("fwd_pass_state: segment sums split in " + std::to_string(p.sum_split) + " parts of " +
-                       std::to_string(p.sum_part_chunks) + " chunks (segments of " + std::to_string(p.seg_chunks) +
-                       "), which take parts that cover the segments, the sums alone (fused_walk's), segments of one "
-                       "length, the batched layout, no chunk_cumsum work and at most 65535 walks x sums per launch");
+                       std::to_string(p.sum_part_chunks) + " chunks (summed segments of up to " +
+                       std::to_string(summed) + "), which take parts that cover the summed segments, the sums "
+                       "alone (fused_walk's), the batched layout, no chunk_cumsum work and at most 65535 walks x "
+                       "sums per launch");
   }
   with_instantiation(p, cfg, LaunchOp{p, walks, sums_only, stream});
 }

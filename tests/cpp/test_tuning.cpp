@@ -261,7 +261,11 @@ TEST(TuningHeuristic, SegmentSumsPlan) {
   EXPECT_EQ(plan(64, 64, 128, 8, 2, 10, true, 15), P(64, 4));
   EXPECT_EQ(plan(64, 64, 128, 8, 4, 10, true, 5), P(64, 2));
   EXPECT_EQ(plan(64, 128, 128, 10, 13, 10, true, 1), P(64, 1));   // 1 x 10 heads x 16K: 12 sums
-  EXPECT_EQ(plan(64, 128, 128, 2, 2, 2, true, 15), P(64, 2));      // at most one part per chunk
+  // chains of up to 4 chunks stay whole; a short first segment splits (the 2.7B layer on 1 row:
+  // first segments of 20 and 4 chunks at 8K and 2K, v36)
+  EXPECT_EQ(plan(64, 128, 128, 2, 2, 4, true, 15), P(64, 1));
+  EXPECT_EQ(plan(64, 128, 128, 80, 2, 20, true, 15), P(128, 3));
+  EXPECT_EQ(plan(64, 128, 128, 80, 2, 4, true, 15), P(64, 1));
   EXPECT_EQ(plan(64, 128, 128, 32, 4, 32, true, 1), P(64, 1));     // the workspace's sums
   // Equal chains: 128 columns from 64 chunks above dstate 128 (anchor dstate 256 at 64K / 16K in
   // 4 segments; 1 row x 20 heads at dstate 128 and 64K in 6).
