@@ -40,9 +40,9 @@ inline bool fused_walk_applies(const ProblemShape& s) {
 // SM) or 128 (two; headdim 64, chunks of 128), and the parts each summed segment is split into
 // (SsdParams::sum_split; `splittable`: without chunk_cumsum's work, the batched layout; chains
 // of more than kSumsCumsumMaxChunks chunks; at most max_split and 4 parts, and kMaxSplitSums sums
-// per walk and head, which
-// each walk combines at its start: 1 row x 10 heads x 16K in 13 segments, 24 sums in 2 parts of
-// 128 columns, took 0.7% longer, about half of it then the sums kernel's code, design log v32).
+// per walk and head, which each walk combines at its start: 1 row x 10 heads x 16K in 13
+// segments, 24 sums in 2 parts of 128 columns, took 0.7% longer, about half of it then the sums
+// kernel's code, design log v32).
 // - Where the 64-column CTAs would run in more than one wave: 128 columns, one part. One X tile
 //   then serves twice the columns, a quarter less L2 traffic per step: the anchor dstate 128 at
 //   16K / 64K tokens (448 / 960 CTAs of 64 columns) 7% / 5% faster (H200, 2026-11-30 v17).
