@@ -442,9 +442,8 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
                    : 1;
   if (k.nseg == 2 && !k.varlen && runs_specialized(k)) {
     const int64_t cta_heads = k.batch * k.nheads / k.ws_heads;  // (CTAs per segment)
-    int64_t first = detail::multi_wave_split_runs(cta_heads, k.nchunks, k.dstate, k.ws_heads, true, sm_count)
-                        ? detail::multi_wave_first_segment(cta_heads, k.nchunks, sm_count).first
-                        : detail::first_segment_chunks(cta_heads, k.nchunks, sm_count, true).first;
+    int64_t first = detail::multi_wave_split(cta_heads, k.nchunks, k.dstate, k.ws_heads, true, sm_count).first;
+    if (first == 0) first = detail::first_segment_chunks(cta_heads, k.nchunks, sm_count, true).first;
     // MAMBA2_SSD_FIRST_SEGMENT=n: the first of two segments n chunks long (for measuring)
     if (const char* f = std::getenv("MAMBA2_SSD_FIRST_SEGMENT")) {
       first = std::clamp<int64_t>(std::atoll(f), 1, std::max<int64_t>(k.nchunks - 1, 1));

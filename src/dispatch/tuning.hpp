@@ -228,19 +228,21 @@ inline MultiWaveSplit multi_wave_first_segment(int64_t ctas, int64_t chunks, int
   }
   return best;
 }
-// Where that split runs: the specialised kernel with one head per CTA at dstate 65-128 (where it
-// was measured), in the batched layout, its CTAs per segment in more than a wave, and the schedule
-// ending by 0.92 of one segment's. The calls gained about 0.4-0.6 of the schedule's gain (the
-// chunks of a full GPU cost more, and the sums come first): the 2.7B layer (80 heads, dstate 128)
-// 4 x 8K predicted 0.88 at 8, measured 476.5 -> 457.2 us; 4 x 16K 0.86 at 30 (938 -> 894.9 us at
+// That split where it runs, else first 0 (callers then evaluate the schedule once): the
+// specialised kernel with one head per CTA at dstate 65-128 (where it was measured), in the
+// batched layout, its CTAs per segment in more than a wave, and the schedule ending by 0.92 of
+// one segment's. The calls gained about 0.4-0.6 of the schedule's gain (the chunks of a full GPU
+// cost more, and the sums come first): the 2.7B layer (80 heads, dstate 128) 4 x 8K predicted
+// 0.88 at 8, measured 476.5 -> 457.2 us; 4 x 16K 0.86 at 30 (938 -> 894.9 us at
 // 24); 2 x 8K 0.71 at 20 (277.0 us in 4 even segments -> 258.1); 2 x 4K 0.75 at 9 (154.7 in 2
 // -> 135.5 at 10); and where it predicted no gain none came: 3 x 8K 0.97 (323.0 -> 351.3 and
 // more), 4 x 2K 1.0 (128.5 -> 131.9 and more), 8 x 4K 1.08 (410.0 -> 446.9 and more) (H200,
 // 2026-12-01 v36, forced lengths).
-inline bool multi_wave_split_runs(int64_t ctas, int64_t chunks, int64_t dstate, int heads_per_cta, bool batched,
-                                  int sm_count) {
-  return dstate > 64 && dstate <= 128 && heads_per_cta == 1 && batched && ctas >= std::max(sm_count, 1) &&
-         multi_wave_first_segment(ctas, chunks, sm_count).ratio <= 0.92;
+inline MultiWaveSplit multi_wave_split(int64_t ctas, int64_t chunks, int64_t dstate, int heads_per_cta, bool batched,
+                                       int sm_count) {
+  if (dstate <= 64 || dstate > 128 || heads_per_cta != 1 || !batched || ctas < std::max(sm_count, 1)) return {0, 1.0};
+  const MultiWaveSplit m = multi_wave_first_segment(ctas, chunks, sm_count);
+  return m.ratio <= 0.92 ? m : MultiWaveSplit{0, 1.0};
 }
 
 // A fused_walk call as the segment model prices it: walks x heads, chunks per walk, 64-column
@@ -320,11 +322,12 @@ inline FusedWalkPlan fused_walk_plan(const FusedWalkCall& c) {
                : FusedWalkPlan{1, one};
   }
   // The specialised kernel's CTAs per segment in more than a wave: two segments, the first short,
-  // where multi_wave_split_runs (priced at 0.3 + 0.7 of the schedule's ratio: the gains measured
+  // where multi_wave_split runs (priced at 0.3 + 0.7 of the schedule's ratio: the gains measured
   // there), else as below.
-  if (c.specialized && c.max_segments >= 2 &&
-      multi_wave_split_runs(cta_heads, chunks, 64 * c.dstate_tiles, c.heads_per_cta, c.splittable_sums, c.sm_count)) {
-    return {2, cost(1) * (0.3 + 0.7 * multi_wave_first_segment(cta_heads, chunks, c.sm_count).ratio)};
+  if (c.specialized && c.max_segments >= 2) {
+    const MultiWaveSplit m =
+        multi_wave_split(cta_heads, chunks, 64 * c.dstate_tiles, c.heads_per_cta, c.splittable_sums, c.sm_count);
+    if (m.first > 0) return {2, cost(1) * (0.3 + 0.7 * m.ratio)};
   }
   // The specialised kernel's CTAs per segment in two waves or more: one segment. Segments then only
   // add the sums and start-ups, which the waves' price above undercounts against a partial last

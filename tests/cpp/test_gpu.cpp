@@ -560,9 +560,8 @@ TEST(Gpu, FusedWalkShortFirstSegment) {
                         Case{DType::kBFloat16, 1, 70, 8192, 128}, Case{DType::kBFloat16, 1, 80, 4096 + 33, 64},
                         Case{DType::kBFloat16, 2, 80, 4096 - 21, 128}}) {
     const int64_t chunks = (k.seqlen + 127) / 128, ctas = k.batch * k.heads;
-    const bool multi_wave = detail::multi_wave_split_runs(ctas, chunks, k.n, 1, true, sms);
-    const int64_t first = multi_wave ? detail::multi_wave_first_segment(ctas, chunks, sms).first
-                                     : detail::first_segment_chunks(ctas, chunks, sms, true).first;
+    int64_t first = detail::multi_wave_split(ctas, chunks, k.n, 1, true, sms).first;
+    if (first == 0) first = detail::first_segment_chunks(ctas, chunks, sms, true).first;
     ASSERT_LT(first, chunks - first) << ctas << " CTAs per segment on " << sms
                                      << " SMs: the case no longer covers a short first segment";
     ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, 128, 2 * ctas, true, kernels::FusedWalkVariant::kSpecialized));

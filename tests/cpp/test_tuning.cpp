@@ -339,7 +339,7 @@ TEST(TuningHeuristic, FirstSegmentChunks) {
 
 // The long-first schedule of two segments beyond a wave (long_first_makespan) against the
 // schedule itself, each CTA to the SM that frees first; the first segment's length and where it
-// runs (multi_wave_first_segment, multi_wave_split_runs) on the calls it was measured on.
+// runs (multi_wave_first_segment, multi_wave_split) on the calls it was measured on.
 TEST(TuningHeuristic, MultiWaveFirstSegment) {
   using detail::long_first_makespan;
   auto simulate = [](int64_t ctas, int64_t sm, int64_t lg, int64_t sh) {
@@ -362,21 +362,24 @@ TEST(TuningHeuristic, MultiWaveFirstSegment) {
     }
   }
   using detail::multi_wave_first_segment;
-  using detail::multi_wave_split_runs;
+  auto runs = [](int64_t ctas, int64_t chunks, int64_t dstate, bool batched) {
+    return detail::multi_wave_split(ctas, chunks, dstate, 1, batched, 132).first > 0;
+  };
   // the 2.7B layer (80 heads, dstate 128): the measured best length or next to it
   EXPECT_EQ(multi_wave_first_segment(320, 64, 132).first, 8);    // 4 x 8K (8: 457.2 us, 12: 466.4)
   EXPECT_EQ(multi_wave_first_segment(160, 64, 132).first, 20);   // 2 x 8K (20: 258.1, 16: 272.1)
   EXPECT_EQ(multi_wave_first_segment(160, 32, 132).first, 9);    // 2 x 4K (10: 135.5, 8: 143.0)
-  EXPECT_TRUE(multi_wave_split_runs(320, 64, 128, 1, true, 132));
-  EXPECT_TRUE(multi_wave_split_runs(320, 128, 128, 1, true, 132));  // 4 x 16K
-  EXPECT_TRUE(multi_wave_split_runs(160, 32, 128, 1, true, 132));
-  EXPECT_FALSE(multi_wave_split_runs(240, 64, 128, 1, true, 132));   // 3 x 8K
-  EXPECT_FALSE(multi_wave_split_runs(320, 16, 128, 1, true, 132));   // 4 x 2K
-  EXPECT_FALSE(multi_wave_split_runs(640, 32, 128, 1, true, 132));   // 8 x 4K
-  EXPECT_FALSE(multi_wave_split_runs(264, 64, 128, 1, true, 132));   // two full waves
-  EXPECT_FALSE(multi_wave_split_runs(80, 64, 128, 1, true, 132));    // within a wave: first_segment_chunks
-  EXPECT_FALSE(multi_wave_split_runs(320, 64, 64, 1, true, 132));    // (dstate 64: not measured)
-  EXPECT_FALSE(multi_wave_split_runs(320, 64, 128, 1, false, 132));  // (varlen)
+  EXPECT_TRUE(runs(320, 64, 128, true));
+  EXPECT_EQ(detail::multi_wave_split(320, 64, 128, 1, true, 132).first, 8);  // (the length above)
+  EXPECT_TRUE(runs(320, 128, 128, true));  // 4 x 16K
+  EXPECT_TRUE(runs(160, 32, 128, true));
+  EXPECT_FALSE(runs(240, 64, 128, true));   // 3 x 8K
+  EXPECT_FALSE(runs(320, 16, 128, true));   // 4 x 2K
+  EXPECT_FALSE(runs(640, 32, 128, true));   // 8 x 4K
+  EXPECT_FALSE(runs(264, 64, 128, true));   // two full waves
+  EXPECT_FALSE(runs(80, 64, 128, true));    // within a wave: first_segment_chunks
+  EXPECT_FALSE(runs(320, 64, 64, true));    // (dstate 64: not measured)
+  EXPECT_FALSE(runs(320, 64, 128, false));  // (varlen)
   for (int64_t ctas = 132; ctas < 1400; ctas += 37) {
     for (int64_t chunks = 1; chunks <= 600; chunks += 13) {
       const auto f = multi_wave_first_segment(ctas, chunks, 132);
@@ -581,7 +584,7 @@ TEST(TuningHeuristic, SegmentsOfTheKernelThatRuns) {
   EXPECT_EQ(segments(shape(4, 16384, 8), 4, true), 4);
   EXPECT_EQ(segments(shape(4, 16384, 8), 4, false), 8);
   EXPECT_EQ(segments(shape(4, 4096, 8), 4, false), 8);
-  // (more than a wave: 2, the first short, where multi_wave_split_runs; v36, 457.2 us against 476.5
+  // (more than a wave: 2, the first short, where multi_wave_split runs; v36, 457.2 us against 476.5
   // in 1; 3 rows, 1.8 waves: 1, 323.0 us against 351.3 and more in 2)
   EXPECT_EQ(segments(shape(4, 8192, 80), 4, true), 2);
   EXPECT_EQ(segments(shape(3, 8192, 80), 3, true), 1);
