@@ -294,6 +294,7 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   set_sum_split(k, 1);
   k.sum_tile = 64;
   k.ws_heads = 1;
+  k.prewalk = false;
   if (w.max_segments > 1) {
     k.seg_sums = reinterpret_cast<float*>(ws + w.seg_sums);
     k.seg_carry = reinterpret_cast<float*>(ws + w.seg_carry);
@@ -399,7 +400,7 @@ void launch_prefix(const ForwardParams& p, const ProblemShape& s, const Workspac
   // it sets up under it: 2.7B layer 1 x 128 tokens 8.9 -> 8.1 us, 1 x 2K 45.3 -> 44.6. Where the
   // segment sums or fwd_pass_state come next, the same made calls 2.8-5.6% slower (anchor
   // dstate 128 16K, 124.4 -> 131.3 us; H200, 2026-11-30 v30).
-  if (!k.sums_cumsum) kernels::launch_chunk_cumsum(k, fused && k.nseg == 1, stream);
+  if (!k.sums_cumsum) kernels::launch_chunk_cumsum(k, fused && (k.nseg == 1 || k.prewalk), stream);
 }
 
 // Whether fused_walk runs its specialised kernel for k (MAMBA2_SSD_FUSED_WS=0: not, for measuring).
@@ -427,8 +428,9 @@ detail::SegmentSums sums_plan(const kernels::SsdParams& k, const WorkspacePlan& 
 // runs alongside), chunk states stored only for the caller or for varlen_states, the specialised
 // kernel's heads per CTA (`heads_per_cta`, where they pair), two segments of it split unevenly
 // where that balances the SMs (first_segment_chunks within a wave, multi_wave_first_segment
-// beyond it), chunk_cumsum's work done by the segment sums where their segments are short, and
-// the sums' parts (sums_plan).
+// beyond it; on short walks within a wave the long segment walks the short one's chunks itself
+// and no sums run, prewalk_first_segment), chunk_cumsum's work done by the segment sums where
+// their segments are short, and the sums' parts (sums_plan).
 kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, int segments, int heads_per_cta,
                                 const WorkspacePlan& w, int sm_count) {
   kernels::PassStateConfig c;
@@ -442,15 +444,21 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
                    : 1;
   if (k.nseg == 2 && !k.varlen && runs_specialized(k)) {
     const int64_t cta_heads = k.batch * k.nheads / k.ws_heads;  // (CTAs per segment)
-    int64_t first = detail::multi_wave_split(cta_heads, k.nchunks, k.dstate, k.ws_heads, true, sm_count).first;
+    const int64_t pre_first = k.ws_heads == 1 ? detail::prewalk_first_segment(cta_heads, k.nchunks, sm_count, true) : 0;
+    int64_t first = pre_first;
+    if (first == 0) first = detail::multi_wave_split(cta_heads, k.nchunks, k.dstate, k.ws_heads, true, sm_count).first;
     if (first == 0) first = detail::first_segment_chunks(cta_heads, k.nchunks, sm_count, true).first;
-    // MAMBA2_SSD_FIRST_SEGMENT=n: the first of two segments n chunks long (for measuring)
+    bool prewalk = pre_first > 0;
+    // (for measuring) MAMBA2_SSD_FIRST_SEGMENT=n: the first of two segments n chunks long;
+    // MAMBA2_SSD_PREWALK=0 or 1: the long segment walks the short one's chunks itself or not
     if (const char* f = std::getenv("MAMBA2_SSD_FIRST_SEGMENT")) {
       first = std::clamp<int64_t>(std::atoll(f), 1, std::max<int64_t>(k.nchunks - 1, 1));
     }
+    if (const char* e = std::getenv("MAMBA2_SSD_PREWALK")) prewalk = k.ws_heads == 1 && std::string(e) == "1";
     if (first < k.nchunks - first) {
       k.seg0_chunks = static_cast<int32_t>(first);
       k.seg_chunks = static_cast<int32_t>(k.nchunks - first);
+      k.prewalk = prewalk;
     }
   }
   // MAMBA2_SSD_SUMS_CUMSUM=0: chunk_cumsum runs first whatever the segments (for measuring).
@@ -476,9 +484,7 @@ void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k,
                             cudaStream_t stream) {
   if (fused) {
     const int64_t walk_heads = (k.varlen ? k.nseq : k.batch) * k.nheads;
-    if (k.nseg > 1) {
-      kernels::launch_segment_sums(k, k.sum_tile, stream);
-    }
+    if (k.nseg > 1 && !k.prewalk) kernels::launch_segment_sums(k, k.sum_tile, stream);
     const bool specialized = runs_specialized(k);
     kernels::launch_fused_walk(k, fused_walk_variant(k.dstate, k.chunk, walk_heads * k.nseg, sm_count, specialized),
                                stream);

@@ -190,6 +190,23 @@ inline FirstSegment first_segment_chunks(int64_t walk_heads, int64_t chunks, int
   const int64_t rounds = 1 + (2 * walk_heads - sm + free_sms - 1) / free_sms;
   return {std::clamp<int64_t>((chunks - 4 * (rounds - 1)) / (1 + rounds), 1, even), rounds};
 }
+// The same split with the long segment's CTAs walking the short one's chunks themselves, state
+// only, before their own (SsdParams::prewalk), so that no segment sums come before them. A
+// state-only chunk costs about half a walked one (2.7B layer on one row: 1.4 against 2.5 us), so
+// the two balance at rest + first / 2 = rounds x first: first = 2 chunks / (2 rounds + 1). It
+// pays on short walks, where the sums' fixed cost is much of the chain (1 row x 80 heads, 16
+// chunks: 44.3 -> 39.6 us; 32: 75.3 -> 71.3; 1 row x 70 heads, 16: 45.2 -> 41.6), not from 40
+// chunks, where the sums run in parts (1 row x 70 heads, 40: 87.9 -> 89.2; 80 heads, 64: 133.5
+// -> 135.2; 128: 253 -> 265); beyond a wave it gained 1-2% at its best lengths (2 rows x 80 heads
+// x 32 chunks: 140.4 -> 137.2; 4 x 64: 461 -> 456) and lost at 2 x 64 (260 -> 267), not taken
+// there (H200, design log v37). Measured with 2 rounds only. Returns 0 where it does not apply.
+constexpr int64_t kPrewalkMaxChunks = 32;
+inline int64_t prewalk_first_segment(int64_t walk_heads, int64_t chunks, int sm_count, bool specialized) {
+  const FirstSegment f = first_segment_chunks(walk_heads, chunks, sm_count, specialized);
+  if (f.rounds != 2 || chunks > kPrewalkMaxChunks) return 0;
+  const int64_t first = 2 * chunks / (2 * f.rounds + 1);
+  return first >= 1 && first < chunks - first ? first : 0;
+}
 
 // Two segments of the specialised kernel where its CTAs per segment (walks x heads) take more than
 // a wave: the long segments of every walk launched first, the short ones after (fused_cta), each

@@ -190,7 +190,7 @@ bool read_file(const std::string& path, std::string& text) {
 // segment counts; v36: two segments of it beyond a wave may split unevenly too, the long segments
 // of every walk launched first, multi_wave_first_segment; the segment sums of a short first
 // segment split into parts, which moves the best lengths and counts).
-constexpr int kKernelRevision = 36;
+constexpr int kKernelRevision = 37;
 
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {
   const bool varlen = p.layout == Layout::kVarlen;

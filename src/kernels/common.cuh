@@ -95,6 +95,10 @@ struct SsdParams {
   // fused_walk's specialised kernel: heads per CTA, 2 only at dstate <= 64 with an even number of
   // heads per group (fused_walk_specialized_pairs), else 1.
   int32_t ws_heads;
+  // fused_walk's specialised kernel in two segments (the first the shorter): the second
+  // segment's CTAs walk the first segment's chunks themselves, state only, from the walk's
+  // initial state, instead of starting from segment sums (none are launched).
+  bool prewalk;
 };
 
 constexpr float kLog2e = 1.4426950408889634f;

@@ -86,6 +86,12 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   const int64_t c_begin = range.begin, c_end = range.end;
   if (seg > 0 && c_begin >= walk.nchunks) return;
   const int n_local = static_cast<int>(c_end - c_begin);
+  // SsdParams::prewalk: the second segment walks the first's chunks state-only first. The chunk
+  // buffer's slots and phases count every chunk loaded (i = pre + c_rel), H_s's the walked ones.
+  // (one head per CTA: with two, the state warpgroup spilled)
+  const int pre = HP == 1 && p.prewalk && seg > 0 ? static_cast<int>(c_begin) : 0;
+  const int n_total = pre + n_local;
+  const int64_t c_first = c_begin - pre;
 
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
   // (every thread arrives where it has read or written: each one's accesses are then ordered
@@ -107,7 +113,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   if (p.D != nullptr && tid < HP * 64) s_d[tid] = p.D[(h0 + tid / 64) * p.D_sh + (tid % 64) * p.D_sp];
   __syncthreads();
   pdl_wait_primary();  // (launched early behind the segment sums or chunk_cumsum, see fused_walk_kernel)
-  auto slot_of = [&](int c_rel) { return smem + (c_rel & 1) * L::kSlotBytes; };
+  auto slot_of = [&](int i) { return smem + (i & 1) * L::kSlotBytes; };
   auto hs_of = [&](int c_rel, int i) { return smem + L::kHs + (c_rel & 1) * L::kHsBytes + i * NK * F::kSlice; };
   // head i's cum, dt' (e) and w of the chunk in `buf`
   auto cum_of = [&](const char* buf, int i) {
@@ -119,10 +125,10 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     // ================= the state warpgroup
     setmaxnreg_dec<kWsStateRegs<HP>>();
     const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h0);
-    auto issue_chunk = [&](int c_rel) {
-      const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
-      char* buf = slot_of(c_rel);
-      uint64_t* bar = full + (c_rel & 1);
+    auto issue_chunk = [&](int i) {
+      const ChunkInfo ci = walk_chunk(p, walk, c_first + i);
+      char* buf = slot_of(i);
+      uint64_t* bar = full + (i & 1);
       const int tok = static_cast<int>(ci.tok0);
       tma::mbar_arrive_expect(bar, 2 * L::kBlockBytes + HP * 3 * q * 4);
 #pragma unroll
@@ -134,23 +140,23 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
           tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, ks * kN, tok + m * kM, grp32, row32);
         }
 #pragma unroll
-        for (int i = 0; i < HP; ++i) {
-          tma::load_4d(&maps.x, bar, const_cast<char*>(x_of(buf, m, i)), 0, tok + m * kM, h32 + i, row32);
+        for (int j = 0; j < HP; ++j) {
+          tma::load_4d(&maps.x, bar, const_cast<char*>(x_of(buf, m, j)), 0, tok + m * kM, h32 + j, row32);
         }
       }
-      const int64_t off0 = cum_offset(p, walk.row, h0, walk.g0 + c_begin + c_rel);  // (head h0 + i: + i nchunks Q)
+      const int64_t off0 = cum_offset(p, walk.row, h0, walk.g0 + c_first + i);  // (head h0 + j: + j nchunks Q)
 #pragma unroll
-      for (int i = 0; i < HP; ++i) {
-        const int64_t off = off0 + i * p.nchunks * q;
-        float* meta = const_cast<float*>(cum_of(buf, i));
+      for (int j = 0; j < HP; ++j) {
+        const int64_t off = off0 + j * p.nchunks * q;
+        float* meta = const_cast<float*>(cum_of(buf, j));
         tma::load_bulk(meta, p.cum + off, q * 4, bar);
         tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
         tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
       }
     };
     if (tid == 0) {
-      if (n_local > 0) issue_chunk(0);
-      if (n_local > 1) issue_chunk(1);
+      if (n_total > 0) issue_chunk(0);
+      if (n_total > 1) issue_chunk(1);
     }
     typename F::MmaUpd mma_up;
     auto thr_up = mma_up.get_slice(wtid);
@@ -159,11 +165,11 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 #pragma unroll
     for (int i = 0; i < HP; ++i) {
       const int64_t h = h0 + i;
-      if (seg == 0 && p.init != nullptr) {
+      if ((seg == 0 || pre > 0) && p.init != nullptr) {
         const void* src = static_cast<const char*>(p.init) +
                           (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
         st::load_tile<1>(hacc[i], src, p.init_dtype, p.init_sp, 0, 0, p);
-      } else if (seg > 0) {
+      } else if (seg > 0 && pre == 0) {
         // (not unrolled: the state warpgroup's 144 registers)
         state_from_sums<true, 1>(hacc[i], p, (walk.walk * p.nheads + h) * sums_per_walk_head(p), seg * p.sum_split,
                                  0, wtid);
@@ -205,24 +211,47 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       for (int i = 0; i < HP; ++i) store_state_copy<T, 1, true>(hacc[i], hs_of(k, i), lane);
       fence_async_shared();
     };
+    // The first segment's chunks, state only: H = H * carry + (X_mu * w)^T B_mu with the chunk's
+    // own weights w (to its last token, as chunk_cumsum stored them); the refill as below.
+#pragma unroll 1
+    for (int i = 0; i < pre; ++i) {
+      float s_pre[HP], s_one[HP];
+#pragma unroll
+      for (int j = 0; j < HP; ++j) {
+        s_pre[j] = carry_walk[j * p.nchunks + c_first + i];
+        s_one[j] = 1.0f;
+      }
+      const char* buf = slot_of(i);
+      tma::mbar_wait(full + (i & 1), (i >> 1) & 1u);
+      if (tid == 0 && i >= 1 && i + 1 < n_total) {
+        tma::mbar_wait(empty + ((i + 1) & 1), ((i - 1) >> 1) & 1u);
+        issue_chunk(i + 1);
+      }
+      __syncwarp();
+      update(buf, 0, s_pre);
+      update(buf, 1, s_one);
+      fence_async_shared();
+      tma::mbar_arrive(empty + (i & 1));
+    }
 #pragma unroll 1
     for (int c_rel = 0; c_rel < n_local; ++c_rel) {
       const int64_t c = c_begin + c_rel;
-      const uint32_t ph = (c_rel >> 1) & 1u, hph = c_rel & 1u;
+      const int li = pre + c_rel;  // (the chunk's load index)
+      const uint32_t ph = (li >> 1) & 1u, hph = c_rel & 1u;
       float carry[HP];
 #pragma unroll
       for (int i = 0; i < HP; ++i) {
         carry[i] = carry_next[i];
         if (c_rel + 1 < n_local) carry_next[i] = carry_walk[i * p.nchunks + c + 1];
       }
-      const char* buf = slot_of(c_rel);
+      const char* buf = slot_of(li);
       // ---- H_s(start): the state entering the chunk, for block 0's output
       write_hs(0, hph);
       // e_s = cum_s - log2(dt'_s) in place of dt' (a_grows: cum taken as 0) for the output
       // warpgroups (0.7-0.9% faster than each output warpgroup computing its own copy, v24), and
       // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
       // (a_grows: w = dt' stays, see below)
-      tma::mbar_wait(full + (c_rel & 1), ph);
+      tma::mbar_wait(full + (li & 1), ph);
 #pragma unroll
       for (int i = 0; i < HP; ++i) {
         float* meta = const_cast<float*>(cum_of(buf, i));
@@ -248,16 +277,16 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       // Chunk c + 1 into the slot of chunk c - 1 once every warp is done with that one. (Here,
       // not before block 0's update: block 1's output warpgroup waits for H_s(mid), and its
       // last chunk's release is what this waits for.)
-      if (tid == 0 && c_rel >= 1 && c_rel + 1 < n_local) {
-        tma::mbar_wait(empty + ((c_rel + 1) & 1), ((c_rel - 1) >> 1) & 1u);
-        issue_chunk(c_rel + 1);
+      if (tid == 0 && li >= 1 && li + 1 < n_total) {
+        tma::mbar_wait(empty + ((li + 1) & 1), ((li - 1) >> 1) & 1u);
+        issue_chunk(li + 1);
       }
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < HP; ++i) s1[i] = a_grows[i] ? 1.0f : fast_exp2(cum_of(buf, i)[q - 1] - cum_mid[i]);
       update(buf, 1, s1);
       fence_async_shared();
-      tma::mbar_arrive(empty + (c_rel & 1));
+      tma::mbar_arrive(empty + (li & 1));
       if (p.states != nullptr) {
 #pragma unroll
         for (int i = 0; i < HP; ++i) {
@@ -309,13 +338,21 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     j_low = min(j_low, j_first[i]);
   }
   const int t0 = m * kM + ra, t1 = m * kM + rb;
+  // (the pre-walk's chunks: released once loaded, which orders these arrivals after the
+  // previous use of the slot)
+#pragma unroll 1
+  for (int i = 0; i < pre; ++i) {
+    tma::mbar_wait(full + (i & 1), (i >> 1) & 1u);
+    tma::mbar_arrive(empty + (i & 1));
+  }
 #pragma unroll 1
   for (int c_rel = 0; c_rel < n_local; ++c_rel) {
     const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
-    const uint32_t ph = (c_rel >> 1) & 1u, hph = c_rel & 1u;
-    char* buf = slot_of(c_rel);
+    const int li = pre + c_rel;  // (the chunk's load index)
+    const uint32_t ph = (li >> 1) & 1u, hph = c_rel & 1u;
+    char* buf = slot_of(li);
     char* blk = buf + m * L::kBlockBytes;
-    tma::mbar_wait(full + (c_rel & 1), ph);
+    tma::mbar_wait(full + (li & 1), ph);
     // Block m waits for H_s slot m, block 1 with a_grows too, where it reads H_s(start) (written
     // before H_s(mid), whose signal releases both): its release of H_s(mid) below must follow the
     // state warpgroup's write of this chunk's. (Released earlier, the releases of two chunks could
@@ -423,7 +460,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
                                s_d + 64 * i, p.D != nullptr, &out_map, static_cast<int>(ci.tok0) + m * kM,
                                static_cast<int>(h0) + i, row32);
     }
-    tma::mbar_arrive(empty + (c_rel & 1));
+    tma::mbar_arrive(empty + (li & 1));
   }
   if (lane == 0) tma::bulk_wait_all<true>();  // (the output stores are done)
 }

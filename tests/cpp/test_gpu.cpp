@@ -544,9 +544,11 @@ TEST(Gpu, FusedWalk) {
 // Two walk segments of the specialised kernel where the walks x heads fill more than half of the
 // SMs but not all: the first one short (detail::first_segment_chunks), its CTAs launched after the
 // long ones'. Model-like decays (states carry over the segment edge), initial, final and chunk
-// states; 80 heads x 16 chunks (4 + 12), 100 heads x 24 chunks with a partial last one (fp16; the
-// short CTAs in 4 rounds: 2 + 22), 70 heads x 64 chunks (20 + 44), and at dstate 64 80 heads x 33
-// chunks with a partial last one. Beyond a wave (detail::multi_wave_first_segment), the long
+// states; 80 heads x 16 chunks (6 + 10, the long segment walking the first 6 itself:
+// detail::prewalk_first_segment; heads that grow beside heads that decay), 100 heads x 24 chunks
+// with a partial last one (fp16; the short CTAs in 4 rounds: 2 + 22), 70 heads x 64 chunks (20 +
+// 44), 70 heads x 24 chunks (9 + 15, prewalk), and at dstate 64 80 heads x 33 chunks with a partial
+// last one. Beyond a wave (detail::multi_wave_first_segment), the long
 // segments of every row first: 2 rows x 80 heads x 32 chunks (9 + 23) with a partial last chunk.
 TEST(Gpu, FusedWalkShortFirstSegment) {
   SKIP_WITHOUT_GPU();
@@ -556,11 +558,15 @@ TEST(Gpu, FusedWalkShortFirstSegment) {
     DType dtype;
     int64_t batch, heads, seqlen, n;
   };
+  int prewalks = 0;
   for (const Case& k : {Case{DType::kBFloat16, 1, 80, 2048, 128}, Case{DType::kFloat16, 1, 100, 3000 + 17, 128},
-                        Case{DType::kBFloat16, 1, 70, 8192, 128}, Case{DType::kBFloat16, 1, 80, 4096 + 33, 64},
-                        Case{DType::kBFloat16, 2, 80, 4096 - 21, 128}}) {
+                        Case{DType::kBFloat16, 1, 70, 8192, 128}, Case{DType::kFloat16, 1, 70, 3000 + 17, 96},
+                        Case{DType::kBFloat16, 1, 80, 4096 + 33, 64}, Case{DType::kBFloat16, 2, 80, 4096 - 21, 128}}) {
     const int64_t chunks = (k.seqlen + 127) / 128, ctas = k.batch * k.heads;
-    int64_t first = detail::multi_wave_split(ctas, chunks, k.n, 1, true, sms).first;
+    // (at dstate 64 two heads per CTA, which the long segment's own pre-walk does not take)
+    int64_t first = k.n > 64 ? detail::prewalk_first_segment(ctas, chunks, sms, true) : 0;
+    prewalks += first > 0;
+    if (first == 0) first = detail::multi_wave_split(ctas, chunks, k.n, 1, true, sms).first;
     if (first == 0) first = detail::first_segment_chunks(ctas, chunks, sms, true).first;
     ASSERT_LT(first, chunks - first) << ctas << " CTAs per segment on " << sms
                                      << " SMs: the case no longer covers a short first segment";
@@ -572,11 +578,13 @@ TEST(Gpu, FusedWalkShortFirstSegment) {
     c.dstate = k.n;
     c.seqlen = k.seqlen;
     c.model_decay = true;
+    c.mixed_a = k.heads == 80 && k.seqlen == 2048;
     c.want_chunk_states = k.heads != 100;
     c.kernel_config = {0, 0, 0, 2, 2};
     c.seed = ++seed;
     check_problem(c, "fused-short-first-segment");
   }
+  EXPECT_EQ(prewalks, sms == 132 ? 2 : prewalks) << "the cases no longer cover the pre-walk on 132 SMs";
 }
 
 // fused_walk's specialised kernel with two heads of one group per CTA (KernelConfig::

@@ -64,7 +64,7 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
   const ProblemConfig base = small_config();
   const std::string k = key_of(base);
   EXPECT_EQ(k, key_of(base));
-  EXPECT_EQ(k.rfind("k36|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
+  EXPECT_EQ(k.rfind("k37|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
   ProblemConfig c = base;
   c.seqlen = 280;  // same power-of-two bucket of tokens per row (512)
   EXPECT_EQ(key_of(c), k);
@@ -333,6 +333,30 @@ TEST(TuningHeuristic, FirstSegmentChunks) {
       const auto f = first_segment_chunks(heads, chunks, 132, true);
       ASSERT_GE(f.first, 1);
       ASSERT_LE(f.first, chunks - f.first) << heads << " heads, " << chunks << " chunks";
+    }
+  }
+}
+
+// The split whose long segment walks the short one's chunks first (prewalk): short walks with
+// two rounds of short CTAs only, lengths 2 chunks / 5.
+TEST(TuningHeuristic, PrewalkFirstSegment) {
+  using detail::prewalk_first_segment;
+  EXPECT_EQ(prewalk_first_segment(80, 16, 132, true), 6);  // 2.7B layer, 1 x 2K: 6 + 10
+  EXPECT_EQ(prewalk_first_segment(70, 16, 132, true), 6);
+  EXPECT_EQ(prewalk_first_segment(80, 32, 132, true), 12);
+  EXPECT_EQ(prewalk_first_segment(80, 31, 132, true), 12);
+  EXPECT_EQ(prewalk_first_segment(80, 33, 132, true), 0);   // the sums from 33 chunks
+  EXPECT_EQ(prewalk_first_segment(70, 40, 132, true), 0);
+  EXPECT_EQ(prewalk_first_segment(80, 64, 132, true), 0);
+  EXPECT_EQ(prewalk_first_segment(100, 24, 132, true), 0);  // 4 rounds: not measured
+  EXPECT_EQ(prewalk_first_segment(66, 16, 132, true), 0);   // one wave of both segments
+  EXPECT_EQ(prewalk_first_segment(160, 16, 132, true), 0);  // beyond a wave
+  EXPECT_EQ(prewalk_first_segment(80, 16, 132, false), 0);
+  EXPECT_EQ(prewalk_first_segment(80, 2, 132, true), 0);    // no first segment shorter than the rest
+  for (int64_t heads = 67; heads < 132; ++heads) {
+    for (int64_t chunks = 2; chunks <= 40; ++chunks) {
+      const int64_t f = prewalk_first_segment(heads, chunks, 132, true);
+      if (f != 0) ASSERT_LT(f, chunks - f) << heads << " heads, " << chunks << " chunks";
     }
   }
 }
