@@ -330,11 +330,18 @@ inline FusedWalkPlan fused_walk_plan(const FusedWalkCall& c) {
   // at 512 (even splits: 3 segments 81.5, 150, 278, 1096; 8 at 512: 1110); 70 heads x 64 chunks
   // 155 / 138 (5 segments: 153); 96 heads x 16 and 100 x 32: 46.3 / 48.4 and 84.5 / 85.1 (H200,
   // 2026-12-01 v31).
+  // Where the long segment walks the short one's chunks itself (prewalk_first_segment): no sums,
+  // a state-only chunk 0.56 of a walked one, and the long segment's chunks 1.05 times one
+  // segment's: 80 heads x 1 row, 1 segment / 2 with the pre-walk (us) 16.2 / 15.1 at 4 chunks,
+  // 20.9 / 19.1 at 6, 25.6 / 23.7 at 8, 35.4 / 31.6 at 12, 44.8 / 39.7 at 16; 70 heads x 8 chunks
+  // 25.3 / 23.3 (H200, 2026-12-01 v37; with the sums, 2 segments were slower up to 12 chunks).
   // (rounds > 1: the regime where first_segment_chunks splits unevenly)
   if (const FirstSegment f = first_segment_chunks(cta_heads, chunks, c.sm_count, c.specialized); f.rounds > 1) {
-    const double rest = static_cast<double>(chunks - f.first), one = cost(1);
-    const double split = 1.28 * rest + 0.4;  // (against chunks in one segment)
-    return c.max_segments >= 2 && f.first < chunks - f.first && split < static_cast<double>(chunks)
+    const int64_t pre = c.pair() ? 0 : prewalk_first_segment(cta_heads, chunks, c.sm_count, c.specialized);
+    const double one = cost(1);
+    const double split = pre > 0 ? 1.05 * (static_cast<double>(chunks - pre) + 0.56 * static_cast<double>(pre))
+                                 : 1.28 * static_cast<double>(chunks - f.first) + 0.4;  // (against chunks in one segment)
+    return c.max_segments >= 2 && (pre > 0 || f.first < chunks - f.first) && split < static_cast<double>(chunks)
                ? FusedWalkPlan{2, one * split / static_cast<double>(chunks)}
                : FusedWalkPlan{1, one};
   }

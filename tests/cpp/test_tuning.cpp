@@ -558,9 +558,13 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(8, 4096, 24, 8, 64), 8).fused_walk_heads_per_cta, 1);
   // 1 row x 80 heads (80 of 132 SMs): two segments with a short first one (first_segment_chunks;
   // 1 x 2K 44.1 us against 44.8 in one, 1 x 8K 141 against 150 in three, 1 x 64K 1.04 ms against
-  // 1.11 in eight; H200 2026-12-01 v31), one where they are short (1 x 1K: 25.0 against 27.5)
+  // 1.11 in eight; H200 2026-12-01 v31); on short walks the long segment walking the short one's
+  // chunks itself (prewalk_first_segment), down to 4 chunks (1 x 1K 23.7 us against 25.6 in one,
+  // 1 x 512 15.1 against 16.2; with the sums 28.6 and 18.3: v37)
   EXPECT_EQ(pick(shape(1, 2048, 80, 1, 128), 1), (KernelConfig{64, 2, 2, 2, 2, 1}));
-  EXPECT_EQ(pick(shape(1, 1024, 80, 1, 128), 1).pass_state_segments, 1);
+  EXPECT_EQ(pick(shape(1, 1024, 80, 1, 128), 1).pass_state_segments, 2);
+  EXPECT_EQ(pick(shape(1, 512, 80, 1, 128), 1).pass_state_segments, 2);
+  EXPECT_EQ(pick(shape(1, 256, 80, 1, 128), 1).pass_state_segments, 1);  // (2 chunks: no pre-walk)
   EXPECT_EQ(pick(shape(1, 2048, 96, 1, 128), 1).pass_state_segments, 1);  // 46.3 us; 48.4 in two
   EXPECT_EQ(pick(shape(8, 2048, 80, 1, 128), 8).fused_walk, 2);  // 213 us; 471 two kernels (v27)
   EXPECT_EQ(pick(shape(64, 128, 80, 1, 128), 64).fused_walk, 2);  // 188 us; 239 two kernels (v27)
