@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   if (seg > 0 && c_begin >= walk.nchunks) return;
   const int n_local = static_cast<int>(c_end - c_begin);
   // SsdParams::prewalk: the second segment walks the first's chunks state-only first. The chunk
-  // buffer's slots and phases count every chunk loaded (i = pre + c_rel), H_s's the walked ones.
+  // buffer's slots and phases count every chunk loaded (li = pre + c_rel), H_s's the walked ones.
   // (one head per CTA: with two, the state warpgroup spilled)
   const int pre = HP == 1 && p.prewalk && seg > 0 ? static_cast<int>(c_begin) : 0;
   const int n_total = pre + n_local;
