@@ -584,7 +584,8 @@ TEST(Gpu, FusedWalkShortFirstSegment) {
     c.seed = ++seed;
     check_problem(c, "fused-short-first-segment");
   }
-  EXPECT_EQ(prewalks, sms == 132 ? 2 : prewalks) << "the cases no longer cover the pre-walk on 132 SMs";
+  // (the cases are sized for the H200's 132 SMs; elsewhere the pre-walk's coverage varies)
+  if (sms == 132) EXPECT_EQ(prewalks, 2) << "the cases no longer cover the pre-walk";
 }
 
 // fused_walk's specialised kernel with two heads of one group per CTA (KernelConfig::
