@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """A model of the mbarrier protocol of fused_walk's specialised kernel (src/kernels/fused_walk_ws.cu),
-checked for deadlock over every interleaving of its three warpgroups. No GPU needed.
+checked for deadlock over every interleaving of its three warpgroups. No GPU needed. Two forms:
+chunk slots (dstate <= 128: two chunks' tiles, refilled by the state warpgroup) and block slots
+(dstate 129-256: the chunk's two 64-token blocks, block m's refilled by block m's output
+warpgroup once the state warpgroup, and for block 0 block 1's, are done with it too).
 
 Each warpgroup is one actor whose program is the kernel's sequence of mbarrier waits, arrivals
 and load issues per chunk (its 128 threads' arrivals count as one arrival here; the kernel's
@@ -18,22 +21,26 @@ H_s(mid)'s phase before the state warpgroup's first wait for it.
 import sys
 from collections import deque
 
-# arrivals that complete a phase: the tiles (one TMA arrival), a chunk slot's release (three
-# warpgroups), H_s written (the state warpgroup), H_s read (both output warpgroups)
-NEED = {"full0": 1, "full1": 1, "empty0": 3, "empty1": 3, "hs_full0": 1, "hs_full1": 1, "hs_empty0": 2,
-        "hs_empty1": 2}
-NAMES = list(NEED)
+# arrivals that complete a phase: the tiles (one TMA arrival), a slot's release (the warpgroups
+# that read it: all three, block slots' block 1 two), H_s written (the state warpgroup), H_s read
+# (both output warpgroups)
+def need(blocks):
+    return {"full0": 1, "full1": 1, "empty0": 3, "empty1": 2 if blocks else 3, "hs_full0": 1, "hs_full1": 1,
+            "hs_empty0": 2, "hs_empty1": 2}
+
+
+NAMES = list(need(False))
 
 
 def state_program(n_chunks):
     """Warpgroup 0: loads chunks 0 and 1, then per chunk H_s(start), H_s(mid), the refill of chunk
     c + 1 into the slot of chunk c - 1, and the release of chunk c's slot."""
-    ops = [("issue", c) for c in range(min(2, n_chunks))]
+    ops = [("issue", c & 1) for c in range(min(2, n_chunks))]
     for c in range(n_chunks):
         ops += [("wait", "hs_empty0", (c & 1) ^ 1), ("wait", "full%d" % (c & 1), (c >> 1) & 1), ("arrive", "hs_full0"),
                 ("wait", "hs_empty1", (c & 1) ^ 1), ("arrive", "hs_full1")]
         if 1 <= c < n_chunks - 1:
-            ops += [("wait", "empty%d" % ((c + 1) & 1), ((c - 1) >> 1) & 1), ("issue", c + 1)]
+            ops += [("wait", "empty%d" % ((c + 1) & 1), ((c - 1) >> 1) & 1), ("issue", (c + 1) & 1)]
         ops += [("arrive", "empty%d" % (c & 1))]
     return ops
 
@@ -53,10 +60,45 @@ def output_program(n_chunks, m, a_grows, block1_waits_mid):
     return ops
 
 
-def find_deadlock(n_chunks, a_grows, block1_waits_mid=True):
+def state_program_blocks(n_chunks):
+    """Block slots, warpgroup 0: loads both blocks of chunk 0, then per chunk H_s(start), block 0's
+    update and release, H_s(mid), block 1's update and release (slot m holds block m)."""
+    ops = [("issue", 0), ("issue", 1)] if n_chunks > 0 else []
+    for c in range(n_chunks):
+        ph = c & 1
+        ops += [("wait", "hs_empty0", ph ^ 1), ("wait", "full0", ph), ("arrive", "hs_full0"), ("arrive", "empty0"),
+                ("wait", "hs_empty1", ph ^ 1), ("arrive", "hs_full1"), ("wait", "full1", ph), ("arrive", "empty1")]
+    return ops
+
+
+def output_program_blocks(n_chunks, m, a_grows):
+    """Block slots, warpgroup 1 + m: block m of every chunk. Block 1 also waits for block 0's
+    tiles (the chunk's meta lands with them) and releases block 0's slot at once, or with a_grows
+    after S_10 X_0. Both release both H_s after their C H^T, as with chunk slots. After its output
+    each releases its block's slot and, once the others have too, issues its next block."""
+    ops = []
+    for c in range(n_chunks):
+        ph = c & 1
+        ops += [("wait", "full%d" % m, ph)]
+        if m == 1:
+            ops += [("wait", "full0", ph)] + ([] if a_grows else [("arrive", "empty0")])
+        ops += [("wait", "hs_full%d" % m, ph), ("arrive", "hs_empty1"), ("arrive", "hs_empty0")]
+        if m == 1 and a_grows:
+            ops += [("arrive", "empty0")]
+        ops += [("arrive", "empty%d" % m)]
+        if c + 1 < n_chunks:
+            ops += [("wait", "empty%d" % m, ph), ("issue", m)]
+    return ops
+
+
+def find_deadlock(n_chunks, a_grows, block1_waits_mid=True, blocks=False):
     """None if every interleaving finishes, else a description of a state where no actor can move."""
-    progs = [state_program(n_chunks)] + [output_program(n_chunks, m, a_grows, block1_waits_mid) for m in (0, 1)]
-    start = ((0, 0, 0), tuple((0, 0) for _ in NAMES), frozenset())  # program counters, barriers, loads in flight
+    if blocks:
+        progs = [state_program_blocks(n_chunks)] + [output_program_blocks(n_chunks, m, a_grows) for m in (0, 1)]
+    else:
+        progs = [state_program(n_chunks)] + [output_program(n_chunks, m, a_grows, block1_waits_mid) for m in (0, 1)]
+    needs = need(blocks)
+    start = (tuple(0 for _ in progs), tuple((0, 0) for _ in NAMES), frozenset())  # program counters, barriers, loads in flight
     seen = {start}
     todo = deque([start])
     while todo:
@@ -73,9 +115,9 @@ def find_deadlock(n_chunks, a_grows, block1_waits_mid=True):
             elif op[0] == "arrive":
                 i = NAMES.index(op[1])
                 k, count = nb[i]
-                nb[i] = (k + 1, 0) if count + 1 == NEED[op[1]] else (k, count + 1)
+                nb[i] = (k + 1, 0) if count + 1 == needs[op[1]] else (k, count + 1)
             else:
-                nl.add(op[1] & 1)
+                nl.add(op[1])
             npcs = list(pcs)
             npcs[a] += 1
             moves.append((tuple(npcs), tuple(nb), frozenset(nl)))
@@ -104,6 +146,9 @@ def main():
                 print("chunks %d, A %s 0, %s: %s" % (n, ">" if a_grows else "<=", "kernel" if fixed else "0e3d67e",
                                                      d or "no deadlock"))
                 bad |= fixed and d is not None
+            d = find_deadlock(n, a_grows, blocks=True)
+            print("chunks %d, A %s 0, block slots: %s" % (n, ">" if a_grows else "<=", d or "no deadlock"))
+            bad |= d is not None
     return 1 if bad else 0
 
 

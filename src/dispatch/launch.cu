@@ -442,7 +442,7 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
                        kernels::fused_walk_specialized_pairs(k.dstate, k.heads_per_group)
                    ? 2
                    : 1;
-  if (k.nseg == 2 && !k.varlen && runs_specialized(k)) {
+  if (k.nseg == 2 && !k.varlen && runs_specialized(k) && kernels::fused_walk_specialized_uneven(k.dstate)) {
     const int64_t cta_heads = k.batch * k.nheads / k.ws_heads;  // (CTAs per segment)
     const int64_t pre_first = k.ws_heads == 1 ? detail::prewalk_first_segment(cta_heads, k.nchunks, sm_count, true) : 0;
     int64_t first = pre_first;

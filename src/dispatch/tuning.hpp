@@ -274,6 +274,10 @@ struct FusedWalkCall {
   int64_t cta_heads() const { return pair() ? (walk_heads + 1) / 2 : walk_heads; }  // (CTAs per segment)
 };
 
+// The specialised kernel's chunk at dstate 129-256 (block slots, one CTA of two warpgroups per
+// SM), in the units below.
+constexpr double kSpecializedBlocksUnit = 0.6;
+
 // The model's time of `want` segments (in its units: comparable between counts and heads per
 // CTA of one call).
 inline double fused_walk_cost(const FusedWalkCall& c, int64_t want) {
@@ -305,7 +309,9 @@ inline double fused_walk_cost(const FusedWalkCall& c, int64_t want) {
   }
   const double len = static_cast<double>(len_chunks);
   const bool alone = per_sm == 2 && ctas <= c.sm_count;
+  const bool blocks = variant == V::kSpecialized && dstate_tiles > 2;  // (dstate 129-256: block slots)
   const double unit = c.pair()                         ? 0.86
+                      : blocks                         ? kSpecializedBlocksUnit
                       : variant == V::kSpecialized    ? 0.55
                       : variant == V::kThreePerSm    ? 1.38
                       : variant == V::kTwoWarpgroups ? 0.64
@@ -336,8 +342,9 @@ inline FusedWalkPlan fused_walk_plan(const FusedWalkCall& c) {
   // 20.9 / 19.1 at 6, 25.6 / 23.7 at 8, 35.4 / 31.6 at 12, 44.8 / 39.7 at 16; 70 heads x 8 chunks
   // 25.3 / 23.3 (H200, 2026-12-01 v37; with the sums, 2 segments were slower up to 12 chunks).
   // (rounds > 1: the regime where first_segment_chunks splits unevenly)
-  if (const FirstSegment f = first_segment_chunks(cta_heads, chunks, c.sm_count, c.specialized); f.rounds > 1) {
-    const int64_t pre = c.pair() ? 0 : prewalk_first_segment(cta_heads, chunks, c.sm_count, c.specialized);
+  const bool uneven = c.specialized && kernels::fused_walk_specialized_uneven(64 * c.dstate_tiles);
+  if (const FirstSegment f = first_segment_chunks(cta_heads, chunks, c.sm_count, uneven); f.rounds > 1) {
+    const int64_t pre = c.pair() ? 0 : prewalk_first_segment(cta_heads, chunks, c.sm_count, uneven);
     const double one = cost(1);
     const double split = pre > 0 ? 1.05 * (static_cast<double>(chunks - pre) + 0.56 * static_cast<double>(pre))
                                  : 1.28 * static_cast<double>(chunks - f.first) + 0.4;  // (against chunks in one segment)

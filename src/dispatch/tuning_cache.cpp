@@ -189,8 +189,10 @@ bool read_file(const std::string& path, std::string& text) {
 // may walk two heads per CTA, KernelConfig::fused_walk_heads_per_cta, which moves the best
 // segment counts; v36: two segments of it beyond a wave may split unevenly too, the long segments
 // of every walk launched first, multi_wave_first_segment; the segment sums of a short first
-// segment split into parts, which moves the best lengths and counts).
-constexpr int kKernelRevision = 37;
+// segment split into parts, which moves the best lengths and counts; v38: the specialised
+// fused_walk takes dstate 129-256 too, one CTA of two warpgroups per SM, which moves the best
+// segment counts there).
+constexpr int kKernelRevision = 38;
 
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {
   const bool varlen = p.layout == Layout::kVarlen;

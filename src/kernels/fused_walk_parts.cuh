@@ -192,6 +192,32 @@ __device__ __forceinline__ void s_decays(float (&decay)[kVals], const float* e_j
   }
 }
 
+// S = C B^T * decay in the 16-bit A fragment sf, the decays of s_decays<kMasked, false> computed
+// value by value instead of into an array first (32 registers fewer live beside C B^T, S and the
+// accumulator: the block-slot specialised kernel's output warpgroup, fused_walk_ws.cu).
+template <bool kMasked, class T, class SFrag, class CbFrag>
+__device__ __forceinline__ void s_from_cb(SFrag& sf, const CbFrag& cb, const float* e_j, bool a_grows, float ct0,
+                                          float ct1, int hi0, int hi1, int lane) {
+#pragma unroll
+  for (int k = 0; k < kN / 8; ++k) {
+    const int col = 8 * k + 2 * (lane % 4);
+    const float2 es = *reinterpret_cast<const float2*>(e_j + col);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float ct = a_grows ? 0.0f : r ? ct1 : ct0;
+      const int v = 4 * k + 2 * r;
+      float l0 = fast_exp2(ct - es.x), l1 = fast_exp2(ct - es.y);
+      if constexpr (kMasked) {
+        const int hi = r ? hi1 : hi0;
+        l0 = col <= hi ? l0 : 0.0f;
+        l1 = col + 1 <= hi ? l1 : 0.0f;
+      }
+      sf(v) = from_float<T>(cb(v) * l0);
+      sf(v + 1) = from_float<T>(cb(v + 1) * l1);
+    }
+  }
+}
+
 // FusedWalkVariant::kSpecialized (fused_walk_ws.cu); the caller checked
 // fused_walk_specialized_supported and built the maps (out_map: 16-bit output, boxes of 64 x 16).
 void launch_fused_walk_specialized(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map,

@@ -10,21 +10,26 @@ namespace mamba2_ssd::kernels {
 // kOneWarpgroup: two CTAs of one warpgroup per SM. kThreePerSm (dstate <= 64): three such CTAs per
 // SM, each slower. kTwoWarpgroups (dstate <= 128, chunks of 128): one CTA of two warpgroups per SM,
 // one per 64-token block and 64 state columns each, as above dstate 128 (at dstate <= 64 the
-// second warpgroup's columns are past dstate: zeros). kSpecialized (dstate <= 128, chunks of 128,
+// second warpgroup's columns are past dstate: zeros). kSpecialized (dstate <= 256, chunks of 128,
 // the batched layout without seq_idx, out by TMA stores; kernels::fused_walk_specialized_supported):
-// one CTA of three warpgroups per SM, one for the state and two for the output, and two chunk
-// buffers.
+// one CTA per SM split by role, a warpgroup for the state and the output's: at dstate <= 128 two
+// output warpgroups (one per 64-token block) and two chunk buffers, at 129-256 one output
+// warpgroup and a buffer of two 64-token blocks (fused_walk_ws.cu).
 enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups, kSpecialized };
 
 // kSpecialized's condition, for the tuning model and the launch (fused_walk_specialized_supported,
 // which adds the output's alignment, a property of the pointer): its shape, and the call's layout
 // and options (batched, no seq_idx, and an output the TMA stores: 16-bit, no z).
 constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int64_t chunk) {
-  return headdim == 64 && dstate <= 128 && chunk == 128;
+  return headdim == 64 && dstate <= 256 && chunk == 128;
 }
 constexpr bool fused_walk_specialized_options(bool batched, bool seq_idx, bool z, bool out_fp32) {
   return batched && !seq_idx && !z && !out_fp32;
 }
+// Where two segments of kSpecialized may split unevenly (SsdParams::seg0_chunks, prewalk; the
+// tuning model's first_segment_chunks, multi_wave_split): dstate <= 128, where their rules were
+// fitted. (The form of dstate 129-256 takes the split; it was not measured, and no pre-walk.)
+constexpr bool fused_walk_specialized_uneven(int64_t dstate) { return dstate <= 128; }
 // Where kSpecialized may walk two heads per CTA (SsdParams::ws_heads): one 64-column slice, and
 // heads that pair within their group.
 constexpr bool fused_walk_specialized_pairs(int64_t dstate, int64_t heads_per_group) {

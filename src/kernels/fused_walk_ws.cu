@@ -17,8 +17,8 @@ using namespace chunk_out;
 using namespace fused_walk_parts;
 namespace st = state_tile;
 
-// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate <= 128 (one or two
-// 64-column slices, NK), chunks of 128, the batched layout without seq_idx, out by TMA stores.
+// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate <= 256 (one, two or
+// four 64-column slices, NK), chunks of 128, the batched layout without seq_idx, out by TMA stores.
 // One CTA of three warpgroups per SM, walking one head or, at dstate <= 64, HP = 2 heads of one
 // group (SsdParams::ws_heads): those share each chunk's C and B tiles and C_m B_m^T, and every
 // part below runs once per head (two states, two H_s copies, two outputs per block).
@@ -32,36 +32,57 @@ namespace st = state_tile;
 // computed; the walk's only chain is H's update. Each output warpgroup rounds its block into a
 // staging buffer of its own for the TMA stores, which are waited for a chunk later. The output
 // warpgroups take the registers the state one does not need (setmaxnreg).
+// At dstate 129-256 (NK = 4) two chunks' tiles do not fit (2 x 145 KB): the buffer's two slots are
+// the chunk's two 64-token blocks instead (kBlockSlots, one head per CTA), each refilled with the
+// next chunk's block once the state's update and the output (block 0: both blocks' outputs) are
+// done with it, by the block's output warpgroup, which stages its output in the block's C_m tile
+// (no room for a staging buffer). Its 64 x 256 state takes 128 accumulator registers.
 // (registers: state + 2 x output <= 3 x 168, 64K per SM; two heads per CTA take 8 more for the state)
-template <int HP>
-constexpr int kWsStateRegs = HP == 1 ? 144 : 152;
-constexpr int kWsOutRegs = 176;
+template <int NK, int HP>
+constexpr int kWsStateRegs = NK == 4 ? 192 : HP == 1 ? 144 : 152;
+template <int NK>
+constexpr int kWsOutRegs = NK == 4 ? 152 : 176;
+template <int NK>
+constexpr bool kWsBlockSlots = NK == 4;
 
 template <class T, int NK, int HP>
 struct WsLayout {
   using F = Fused<T, NK, 1>;
   static constexpr int kQ = 128;
+  static constexpr bool kBlockSlots = kWsBlockSlots<NK>;
   static constexpr int kBlockBytes = (2 * NK + HP) * F::kSlice;  // block m: C_m, B_m slices, X_m of each head
   static constexpr int kMetaBytes = 3 * kQ * 4;                   // a head's cum, dt' (then e), w
-  static constexpr int kSlotBytes = (2 * kBlockBytes + HP * kMetaBytes + 1023) / 1024 * 1024;  // blocks 0, 1; meta
+  // A slot: blocks 0, 1 and the meta of a chunk; with block slots one block, the meta of the
+  // chunks of even and odd rank after both slots (it lands with block 0; block 1's output
+  // reads it after block 0's slot has been refilled).
+  static constexpr int kSlotBytes =
+      kBlockSlots ? kBlockBytes : (2 * kBlockBytes + HP * kMetaBytes + 1023) / 1024 * 1024;
+  static constexpr int kMetaRing = kBlockSlots ? (2 * HP * kMetaBytes + 1023) / 1024 * 1024 : 0;
   static constexpr int kHsBytes = HP * NK * F::kSlice;  // a copy of H_s: head i at i NK slices
   static constexpr int kStageBytes = kM * kN * 2;       // an output block in T
-  // [slot 0][slot 1][H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at HP w + i][D: HP x 64][mbarriers: 8]
-  static constexpr int kHs = 2 * kSlotBytes;
+  // [slot 0][slot 1]([meta 0][meta 1])[H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at HP w + i;
+  // none with block slots][D: HP x 64][mbarriers: 8]
+  static constexpr int kHs = 2 * kSlotBytes + kMetaRing;
   static constexpr int kStage = kHs + 2 * kHsBytes;
-  static constexpr int kD = kStage + 2 * HP * kStageBytes;
+  static constexpr int kD = kStage + (kBlockSlots ? 0 : 2 * HP * kStageBytes);
+  static_assert(!kBlockSlots || HP == 1, "block slots: one head per CTA");
   static constexpr int kBars = kD + HP * 64 * 4;
   static constexpr int kBytes = 1024 + kBars + 8 * 8;
 };
 
+// A warpgroup's registers from the launch's 168 (3 x 128 threads in 64K) to N: decreased by the
+// roles that give registers up, increased by the others (setmaxnreg.inc waits for them).
+constexpr int kWsEntryRegs = 65536 / (3 * kThreads) / 8 * 8;
 template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+__device__ __forceinline__ void setmaxnreg_to() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+  if constexpr (N < kWsEntryRegs) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+  else if constexpr (N > kWsEntryRegs) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
+static_assert(kWsStateRegs<1, 1> + 2 * kWsOutRegs<1> <= 3 * kWsEntryRegs &&
+                  kWsStateRegs<1, 2> + 2 * kWsOutRegs<1> <= 3 * kWsEntryRegs &&
+                  kWsStateRegs<4, 1> + 2 * kWsOutRegs<4> <= 3 * kWsEntryRegs,
+              "the warpgroups' registers within the launch's");
 
 template <class T, int NK, int HP>
 __global__ void __launch_bounds__(3 * kThreads, 1)
@@ -71,6 +92,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   using Tr = typename F::Tr;
   using L = WsLayout<T, NK, HP>;
   constexpr int q = L::kQ;
+  constexpr bool kBlocks = L::kBlockSlots;
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / kThreads, wtid = tid % kThreads;
@@ -88,23 +110,25 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   const int n_local = static_cast<int>(c_end - c_begin);
   // SsdParams::prewalk: the second segment walks the first's chunks state-only first. The chunk
   // buffer's slots and phases count every chunk loaded (li = pre + c_rel), H_s's the walked ones.
-  // (one head per CTA: with two, the state warpgroup spilled)
-  const int pre = HP == 1 && p.prewalk && seg > 0 ? static_cast<int>(c_begin) : 0;
+  // (one head per CTA: with two, the state warpgroup spilled; chunk slots only, the launch
+  // refuses it with block slots)
+  const int pre = !kBlocks && HP == 1 && p.prewalk && seg > 0 ? static_cast<int>(c_begin) : 0;
   const int n_total = pre + n_local;
   const int64_t c_first = c_begin - pre;
 
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
   // (every thread arrives where it has read or written: each one's accesses are then ordered
   // before the waiter's by the mbarrier itself)
+  // (block slots: slot m holds block m; its phase is the chunk's parity)
   uint64_t* full = bars;          // [slot]: the chunk's tiles and weights landed (TMA bytes)
-  uint64_t* empty = bars + 2;     // [slot]: every thread is done with the chunk
+  uint64_t* empty = bars + 2;     // [slot]: every thread that reads the slot is done with it
   uint64_t* hs_full = bars + 4;   // [slot]: H_s written (the state warpgroup)
   uint64_t* hs_empty = bars + 6;  // [slot]: C H^T has read it (the output warpgroups)
   float* s_d = reinterpret_cast<float*>(smem + L::kD);  // [head][p]
   if (tid == 0) {
     for (int s = 0; s < 2; ++s) {
       tma::mbar_init(full + s, 1);
-      tma::mbar_init(empty + s, 3 * kThreads);
+      tma::mbar_init(empty + s, (kBlocks && s == 1 ? 2 : 3) * kThreads);  // (block 1: not read by block 0's)
       tma::mbar_init(hs_full + s, kThreads);
       tma::mbar_init(hs_empty + s, 2 * kThreads);
     }
@@ -113,7 +137,13 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   if (p.D != nullptr && tid < HP * 64) s_d[tid] = p.D[(h0 + tid / 64) * p.D_sh + (tid % 64) * p.D_sp];
   __syncthreads();
   pdl_wait_primary();  // (launched early behind the segment sums or chunk_cumsum, see fused_walk_kernel)
-  auto slot_of = [&](int i) { return smem + (i & 1) * L::kSlotBytes; };
+  auto slot_of = [&](int i) { return kBlocks ? smem : smem + (i & 1) * L::kSlotBytes; };
+  // Where cum_of finds chunk li's meta: in its slot, or (block slots) in the ring after the slots.
+  auto meta_buf = [&](const char* buf, int li) -> const char* {
+    return kBlocks ? smem + (li & 1) * HP * L::kMetaBytes : buf;
+  };
+  // The parity of chunk li's phase of its slot's barriers (chunk slots: every other chunk's).
+  auto slot_ph = [](int li) { return kBlocks ? static_cast<uint32_t>(li) & 1u : static_cast<uint32_t>(li >> 1) & 1u; };
   auto hs_of = [&](int c_rel, int i) { return smem + L::kHs + (c_rel & 1) * L::kHsBytes + i * NK * F::kSlice; };
   // head i's cum, dt' (e) and w of the chunk in `buf`
   auto cum_of = [&](const char* buf, int i) {
@@ -121,9 +151,32 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   };
   auto x_of = [&](const char* buf, int mu, int i) { return buf + mu * L::kBlockBytes + (2 * NK + i) * F::kSlice; };
 
+  // Block slots: block m of the chunk of load index li into slot m, on its full barrier (block 0
+  // with the chunk's meta, into the ring).
+  auto issue_block = [&](int li, int m) {
+    const ChunkInfo ci = walk_chunk(p, walk, c_first + li);
+    char* blk = smem + m * L::kBlockBytes;
+    uint64_t* bar = full + m;
+    const int tok = static_cast<int>(ci.tok0) + m * kM, row = static_cast<int>(walk.row);
+    tma::mbar_arrive_expect(bar, L::kBlockBytes + (m == 0 ? 3 * q * 4 : 0));
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) {
+      tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, ks * kN, tok, static_cast<int>(grp), row);
+      tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, ks * kN, tok, static_cast<int>(grp), row);
+    }
+    tma::load_4d(&maps.x, bar, blk + 2 * NK * F::kSlice, 0, tok, static_cast<int>(h0), row);
+    if (m == 0) {
+      const int64_t off = cum_offset(p, walk.row, h0, walk.g0 + c_first + li);
+      float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, li), 0));
+      tma::load_bulk(meta, p.cum + off, q * 4, bar);
+      tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
+      tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+    }
+  };
+
   if (wg == 0) {
     // ================= the state warpgroup
-    setmaxnreg_dec<kWsStateRegs<HP>>();
+    setmaxnreg_to<kWsStateRegs<NK, HP>>();
     const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h0);
     auto issue_chunk = [&](int i) {
       const ChunkInfo ci = walk_chunk(p, walk, c_first + i);
@@ -155,8 +208,15 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       }
     };
     if (tid == 0) {
-      if (n_total > 0) issue_chunk(0);
-      if (n_total > 1) issue_chunk(1);
+      if constexpr (kBlocks) {
+        if (n_total > 0) {
+          issue_block(0, 0);
+          issue_block(0, 1);
+        }
+      } else {
+        if (n_total > 0) issue_chunk(0);
+        if (n_total > 1) issue_chunk(1);
+      }
     }
     typename F::MmaUpd mma_up;
     auto thr_up = mma_up.get_slice(wtid);
@@ -203,6 +263,20 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         warpgroup_fence_operand(hacc[i]);
       }
     };
+    // The same with the weights of the chunk's meta at `meta` (block slots: in the ring).
+    auto update_w = [&](const char* buf, const float* meta, int mu, const float (&s)[HP]) {
+      Tensor sBn = make_tensor(
+          make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * L::kBlockBytes + NK * F::kSlice)),
+          typename F::LayoutBn{});
+      warpgroup_fence_operand(hacc[0]);
+#pragma unroll
+      for (int v = 0; v < F::kAccVals; ++v) hacc[0](v) *= s[0];
+      load_xt<T>(mma_up, wtid, xw, x_of(buf, mu, 0));
+      scale_xt<T>(xw, x_tok, meta + 2 * q + mu * kM);
+      issue_update_wgmma(mma_up, thr_up, xw, sBn, hacc[0]);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(hacc[0]);
+    };
     // H_s slot k = H in the compute type, once both output warpgroups' C H^T have read the slot's
     // previous copy (phase: the chunk's parity).
     auto write_hs = [&](int k, uint32_t hph) {
@@ -233,66 +307,105 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       fence_async_shared();
       tma::mbar_arrive(empty + (i & 1));
     }
+    if constexpr (kBlocks) {
+      // Block slots: block 0's slot is released after its update, block 1's after the chunk's;
+      // the output warpgroups refill them. The chunk's meta is in the ring (meta_buf).
 #pragma unroll 1
-    for (int c_rel = 0; c_rel < n_local; ++c_rel) {
-      const int64_t c = c_begin + c_rel;
-      const int li = pre + c_rel;  // (the chunk's load index)
-      const uint32_t ph = (li >> 1) & 1u, hph = c_rel & 1u;
-      float carry[HP];
-#pragma unroll
-      for (int i = 0; i < HP; ++i) {
-        carry[i] = carry_next[i];
-        if (c_rel + 1 < n_local) carry_next[i] = carry_walk[i * p.nchunks + c + 1];
+      for (int c_rel = 0; c_rel < n_local; ++c_rel) {
+        const int64_t c = c_begin + c_rel;
+        const uint32_t ph = static_cast<uint32_t>(c_rel) & 1u;
+        const float carry = carry_next[0];
+        if (c_rel + 1 < n_local) carry_next[0] = carry_walk[c + 1];
+        float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, c_rel), 0));
+        write_hs(0, ph);
+        tma::mbar_wait(full, ph);
+        {
+          const float e = (a_grows[0] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
+          meta[q + wtid] = e;
+          if (!a_grows[0] && wtid < kM) meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+        }
+        tma::mbar_arrive(hs_full);
+        named_barrier_sync(1, kThreads);  // (block 0's weights written)
+        const float cum_mid = meta[kM - 1];
+        const float s0[1] = {a_grows[0] ? carry : fast_exp2(cum_mid)};
+        update_w(smem, meta, 0, s0);
+        fence_async_shared();  // (block 0's X read by ldmatrix)
+        tma::mbar_arrive(empty);
+        write_hs(1, ph);
+        tma::mbar_arrive(hs_full + 1);
+        tma::mbar_wait(full + 1, ph);
+        const float s1[1] = {a_grows[0] ? 1.0f : fast_exp2(meta[q - 1] - cum_mid)};
+        update_w(smem, meta, 1, s1);
+        fence_async_shared();
+        tma::mbar_arrive(empty + 1);
+        if (p.states != nullptr) {
+          char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h0 * p.st_sh) *
+                                                         (int64_t)dtype_size_dev(p.state_dtype);
+          st::store_tile<1>(hacc[0], dst, p.state_dtype, p.st_sp, 0, 0, p);
+        }
       }
-      const char* buf = slot_of(li);
-      // ---- H_s(start): the state entering the chunk, for block 0's output
-      write_hs(0, hph);
-      // e_s = cum_s - log2(dt'_s) in place of dt' (a_grows: cum taken as 0) for the output
-      // warpgroups (0.7-0.9% faster than each output warpgroup computing its own copy, v24), and
-      // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
-      // (a_grows: w = dt' stays, see below)
-      tma::mbar_wait(full + (li & 1), ph);
-#pragma unroll
-      for (int i = 0; i < HP; ++i) {
-        float* meta = const_cast<float*>(cum_of(buf, i));
-        const float e = (a_grows[i] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
-        meta[q + wtid] = e;
-        if (!a_grows[i] && wtid < kM) meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
-      }
-      tma::mbar_arrive(hs_full);
-      named_barrier_sync(1, kThreads);  // (block 0's weights written)
-      // ---- H at the middle of the chunk: H * exp2(cum_63) + block 0's tokens. a_grows: the
-      // decays within a chunk are clamped at 1 (mamba_ssm), which the split cannot express: H *
-      // carry + every token with w = dt', and block 1's output works from H_s(start) (see below).
-      float cum_mid[HP], s0[HP], s1[HP];
-#pragma unroll
-      for (int i = 0; i < HP; ++i) {
-        cum_mid[i] = cum_of(buf, i)[kM - 1];
-        s0[i] = a_grows[i] ? carry[i] : fast_exp2(cum_mid[i]);
-      }
-      update(buf, 0, s0);
-      // ---- H_s(mid), for block 1's output
-      write_hs(1, hph);
-      tma::mbar_arrive(hs_full + 1);
-      // Chunk c + 1 into the slot of chunk c - 1 once every warp is done with that one. (Here,
-      // not before block 0's update: block 1's output warpgroup waits for H_s(mid), and its
-      // last chunk's release is what this waits for.)
-      if (tid == 0 && li >= 1 && li + 1 < n_total) {
-        tma::mbar_wait(empty + ((li + 1) & 1), ((li - 1) >> 1) & 1u);
-        issue_chunk(li + 1);
-      }
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < HP; ++i) s1[i] = a_grows[i] ? 1.0f : fast_exp2(cum_of(buf, i)[q - 1] - cum_mid[i]);
-      update(buf, 1, s1);
-      fence_async_shared();
-      tma::mbar_arrive(empty + (li & 1));
-      if (p.states != nullptr) {
-#pragma unroll
+    } else {
+#pragma unroll 1
+      for (int c_rel = 0; c_rel < n_local; ++c_rel) {
+        const int64_t c = c_begin + c_rel;
+        const int li = pre + c_rel;  // (the chunk's load index)
+        const uint32_t ph = (li >> 1) & 1u, hph = c_rel & 1u;
+        float carry[HP];
+  #pragma unroll
         for (int i = 0; i < HP; ++i) {
-          char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc +
-                                                      (h0 + i) * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
-          st::store_tile<1>(hacc[i], dst, p.state_dtype, p.st_sp, 0, 0, p);
+          carry[i] = carry_next[i];
+          if (c_rel + 1 < n_local) carry_next[i] = carry_walk[i * p.nchunks + c + 1];
+        }
+        const char* buf = slot_of(li);
+        // ---- H_s(start): the state entering the chunk, for block 0's output
+        write_hs(0, hph);
+        // e_s = cum_s - log2(dt'_s) in place of dt' (a_grows: cum taken as 0) for the output
+        // warpgroups (0.7-0.9% faster than each output warpgroup computing its own copy, v24), and
+        // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
+        // (a_grows: w = dt' stays, see below)
+        tma::mbar_wait(full + (li & 1), ph);
+  #pragma unroll
+        for (int i = 0; i < HP; ++i) {
+          float* meta = const_cast<float*>(cum_of(buf, i));
+          const float e = (a_grows[i] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
+          meta[q + wtid] = e;
+          if (!a_grows[i] && wtid < kM) meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+        }
+        tma::mbar_arrive(hs_full);
+        named_barrier_sync(1, kThreads);  // (block 0's weights written)
+        // ---- H at the middle of the chunk: H * exp2(cum_63) + block 0's tokens. a_grows: the
+        // decays within a chunk are clamped at 1 (mamba_ssm), which the split cannot express: H *
+        // carry + every token with w = dt', and block 1's output works from H_s(start) (see below).
+        float cum_mid[HP], s0[HP], s1[HP];
+  #pragma unroll
+        for (int i = 0; i < HP; ++i) {
+          cum_mid[i] = cum_of(buf, i)[kM - 1];
+          s0[i] = a_grows[i] ? carry[i] : fast_exp2(cum_mid[i]);
+        }
+        update(buf, 0, s0);
+        // ---- H_s(mid), for block 1's output
+        write_hs(1, hph);
+        tma::mbar_arrive(hs_full + 1);
+        // Chunk c + 1 into the slot of chunk c - 1 once every warp is done with that one. (Here,
+        // not before block 0's update: block 1's output warpgroup waits for H_s(mid), and its
+        // last chunk's release is what this waits for.)
+        if (tid == 0 && li >= 1 && li + 1 < n_total) {
+          tma::mbar_wait(empty + ((li + 1) & 1), ((li - 1) >> 1) & 1u);
+          issue_chunk(li + 1);
+        }
+        __syncwarp();
+  #pragma unroll
+        for (int i = 0; i < HP; ++i) s1[i] = a_grows[i] ? 1.0f : fast_exp2(cum_of(buf, i)[q - 1] - cum_mid[i]);
+        update(buf, 1, s1);
+        fence_async_shared();
+        tma::mbar_arrive(empty + (li & 1));
+        if (p.states != nullptr) {
+  #pragma unroll
+          for (int i = 0; i < HP; ++i) {
+            char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc +
+                                                        (h0 + i) * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
+            st::store_tile<1>(hacc[i], dst, p.state_dtype, p.st_sp, 0, 0, p);
+          }
         }
       }
     }
@@ -308,7 +421,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   }
 
   // ================= the output warpgroups
-  setmaxnreg_inc<kWsOutRegs>();
+  setmaxnreg_to<kWsOutRegs<NK>>();
   const int ow = wg - 1;
   typename Tr::MmaCB mma_cb;
   typename Tr::MmaCH mma_ch;
@@ -349,10 +462,19 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   for (int c_rel = 0; c_rel < n_local; ++c_rel) {
     const ChunkInfo ci = walk_chunk(p, walk, c_begin + c_rel);
     const int li = pre + c_rel;  // (the chunk's load index)
-    const uint32_t ph = (li >> 1) & 1u, hph = c_rel & 1u;
+    const uint32_t ph = slot_ph(li), hph = c_rel & 1u;
     char* buf = slot_of(li);
+    const char* meta_c = meta_buf(buf, li);
     char* blk = buf + m * L::kBlockBytes;
-    tma::mbar_wait(full + (li & 1), ph);
+    tma::mbar_wait(full + (kBlocks ? m : li & 1), ph);
+    if constexpr (kBlocks) {
+      // Block 1 reads the chunk's meta, which lands with block 0, and with a_grows B_0 and X_0
+      // (block 0's slot released after S_10 X_0 below); otherwise nothing of block 0's slot.
+      if (m == 1) {
+        tma::mbar_wait(full, ph);
+        if (j_low == 1) tma::mbar_arrive(empty);
+      }
+    }
     // Block m waits for H_s slot m, block 1 with a_grows too, where it reads H_s(start) (written
     // before H_s(mid), whose signal releases both): its release of H_s(mid) below must follow the
     // state warpgroup's write of this chunk's. (Released earlier, the releases of two chunks could
@@ -378,7 +500,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     float ct0[HP], ct1[HP], f0[HP], f1[HP];
 #pragma unroll
     for (int i = 0; i < HP; ++i) {
-      const float* s_cum = cum_of(buf, i);
+      const float* s_cum = cum_of(meta_c, i);
       const float c_ref = from_mid[i] ? s_cum[kM - 1] : 0.0f;
       ct0[i] = s_cum[t0];
       ct1[i] = s_cum[t1];
@@ -388,7 +510,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     // S_mj = C_m B_j^T * exp2(cum_t - e_s), s <= t on the diagonal block (as fused_walk_kernel)
     float decay[kCbVals];
     auto decay_for = [&](int i, int j) {
-      const float* s_e = cum_of(buf, i) + q;  // (e_s, written by the state warpgroup before H_s is signalled)
+      const float* s_e = cum_of(meta_c, i) + q;  // (e_s, written by the state warpgroup before H_s is signalled)
       if (j == m) {
         s_decays<true, false>(decay, s_e + j * kN, a_grows[i], ct0[i], ct1[i], t0 - j * kN, t1 - j * kN, 0, 0, lane);
       } else {
@@ -406,7 +528,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     };
     // (one head: its first decays under C H^T and C B^T; two: each head's decays right before its
     // S, so that the compiler need not hold all of them with both accumulators)
-    const bool decay_ready = HP == 1 && j_first[0] == j_low;
+    // (block slots: S straight from C B^T once it has landed, s_from_cb: the registers of the
+    // three-warpgroup split at dstate 256)
+    const bool decay_ready = HP == 1 && j_first[0] == j_low && !kBlocks;
     if (decay_ready) decay_for(0, j_low);
     warpgroup_wait<0>();
     warpgroup_fence_operand(cb);
@@ -430,9 +554,17 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 #pragma unroll
       for (int i = 0; i < HP; ++i) {
         if (j < j_first[i]) continue;
-        if (!(decay_ready && i == 0 && j == j_low)) decay_for(i, j);
-        warpgroup_wait<0>();
-        make_s();
+        if constexpr (kBlocks) {
+          warpgroup_wait<0>();
+          const float* s_e = cum_of(meta_c, i) + q + j * kN;
+          if (j == m) s_from_cb<true, T>(sf, cb, s_e, a_grows[i], ct0[i], ct1[i], t0 - j * kN, t1 - j * kN, lane);
+          else s_from_cb<false, T>(sf, cb, s_e, a_grows[i], ct0[i], ct1[i], t0 - j * kN, t1 - j * kN, lane);
+          warpgroup_fence_operand(sf);
+        } else {
+          if (!(decay_ready && i == 0 && j == j_low)) decay_for(i, j);
+          warpgroup_wait<0>();
+          make_s();
+        }
         warpgroup_fence_operand(acc[i]);
         warpgroup_arrive();
         issue_sx(i, j);
@@ -440,6 +572,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       }
       if (j == m) break;
       warpgroup_wait<0>();
+      if constexpr (kBlocks) tma::mbar_arrive(empty);  // (a_grows: S_10 X_0 was block 0's slot's last read here)
       warpgroup_fence_operand(cb);
       warpgroup_arrive();
       issue_cb(j + 1);
@@ -450,6 +583,22 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
+    if constexpr (kBlocks) {
+      // Staged in the block's C_m tile (only this warpgroup's wgmmas read it, all done); the
+      // stores' reads are waited for before the slot is released and refilled with the block of
+      // the next chunk, once the state warpgroup (and, block 0, block 1's) is done with it too.
+      epilogue_tma_store<T, 3>(acc[0], blk, x_of(buf, m, 0), s_d, p.D != nullptr, &out_map,
+                               static_cast<int>(ci.tok0) + m * kM, static_cast<int>(h0), row32);
+      if (lane == 0) tma::bulk_wait_all();
+      __syncwarp();
+      tma::mbar_arrive(empty + m);
+      if (wtid == 0 && li + 1 < n_total) {
+        tma::mbar_wait(empty + m, ph);
+        issue_block(li + 1, m);
+      }
+      __syncwarp();
+      continue;
+    }
     // (staged in C_m's tile instead, the stores' reads were waited for here, before the slot's
     // release: 0.6-1.2% slower, v26)
     if (lane == 0) tma::bulk_wait_all();  // (this warp's stores of the last chunk have read its rows)
@@ -493,8 +642,20 @@ void launch_fused_walk_specialized(const SsdParams& p, const ChunkInputMaps& map
     else launch_ws_typed<cutlass::bfloat16_t, 1, 1>(p, maps, out_map, walks, stream);
     return;
   }
-  if (p.fp16) launch_ws_typed<cutlass::half_t, 2, 1>(p, maps, out_map, walks, stream);
-  else launch_ws_typed<cutlass::bfloat16_t, 2, 1>(p, maps, out_map, walks, stream);
+  if (p.dstate <= 128) {
+    if (p.fp16) launch_ws_typed<cutlass::half_t, 2, 1>(p, maps, out_map, walks, stream);
+    else launch_ws_typed<cutlass::bfloat16_t, 2, 1>(p, maps, out_map, walks, stream);
+    return;
+  }
+  // (dstate 129-256: four slices in block slots, dstate below 256 with zero columns past it; one
+  // head per CTA and no pre-walk)
+  if (p.ws_heads != 1 || p.prewalk) {
+    throw_launch_error("fused_walk: the specialised variant at dstate " + std::to_string(p.dstate) +
+                       " walks one head per CTA without a pre-walk, got " + std::to_string(p.ws_heads) +
+                       " heads per CTA" + (p.prewalk ? " and a pre-walk" : ""));
+  }
+  if (p.fp16) launch_ws_typed<cutlass::half_t, 4, 1>(p, maps, out_map, walks, stream);
+  else launch_ws_typed<cutlass::bfloat16_t, 4, 1>(p, maps, out_map, walks, stream);
 }
 
 }  // namespace fused_walk_parts

@@ -403,13 +403,14 @@ TEST(Gpu, FusedWalk) {
       check_problem(c, "fused");
     }
   }
-  for (int64_t n : {128, 256, 512}) {
+  // (n < 0: dstate -n without z, the specialised kernel at dstate 129-256)
+  for (int64_t n : {128, 256, 512, -256}) {
     ProblemConfig c = base_config();
-    c.dstate = n;
+    c.dstate = n < 0 ? -n : n;
     c.nheads = 8;
     c.ngroups = 2;
     c.d_mode = DMode::kPerHeadDim;
-    c.has_z = true;
+    c.has_z = n > 0;
     c.has_dt_bias = true;
     c.dt_softplus = true;
     c.dt_min = 0.01f;
@@ -479,8 +480,9 @@ TEST(Gpu, FusedWalk) {
   // dstate) with seq_idx and z in 3 segments; one warpgroup, two CTAs per SM, at dstate 64 with z,
   // and at 128 with seq_idx and z (1 row x 32 heads x 5 segments: 160 CTAs); the specialised
   // kernel (dstate <= 128 without seq_idx or z; many cases above run it too) at dstate 128 in 160
-  // CTAs and in 16, in fp16 at dstate 112 with a partial last chunk, and in one 64-column slice at
-  // dstate 64 (a partial last chunk) and 48 (fp16).
+  // CTAs and in 16, in fp16 at dstate 112 with a partial last chunk, in one 64-column slice at
+  // dstate 64 (a partial last chunk) and 48 (fp16), and in block slots at dstate 256 (a partial
+  // last chunk, 3 segments), 192 (fp16, its last slice past dstate) and 144.
   using V = kernels::FusedWalkVariant;
   struct Variant {
     DType dtype;
@@ -501,7 +503,10 @@ TEST(Gpu, FusedWalk) {
                            Variant{fp16, 2, 8, 112, 128, 4096 - 5, 3, {}, false, V::kSpecialized},
                            Variant{bf16, 2, 4, 128, 128, 1000, 2, {}, false, V::kSpecialized},
                            Variant{bf16, 1, 32, 64, 128, 3072 - 7, 4, {}, false, V::kSpecialized},
-                           Variant{fp16, 2, 8, 48, 128, 2048 + 3, 3, {}, false, V::kSpecialized}}) {
+                           Variant{fp16, 2, 8, 48, 128, 2048 + 3, 3, {}, false, V::kSpecialized},
+                           Variant{bf16, 2, 8, 256, 128, 4096 - 5, 3, {}, false, V::kSpecialized},
+                           Variant{fp16, 1, 8, 192, 128, 2048 + 3, 2, {}, false, V::kSpecialized},
+                           Variant{bf16, 2, 4, 144, 128, 1500, 1, {}, false, V::kSpecialized}}) {
     // (the segments the shape reduces the count to: the fewest of the same length)
     const int64_t chunks = (v.seqlen + v.q - 1) / v.q, seg_chunks = (chunks + v.segments - 1) / v.segments;
     const int64_t nseg = (chunks + seg_chunks - 1) / seg_chunks;
@@ -643,8 +648,9 @@ TEST(Gpu, FusedWalkTwoHeadsPerCta) {
 // outputs. Each case first asserts, on the host, that a head keeps at least 2^-12 of its state over
 // a chunk. fused_walk's variants: one warpgroup (dstate 64 and 128, chunks of 64 and 128, seq_idx
 // and z, fp16, fp32 inputs), three CTAs per SM (1 row x 32 heads x 12 segments), two warpgroups
-// (dstate 96 and 256), clusters (dstate 512); the two kernels (dstate 128 and 256, fp16 at 64); and
-// the varlen layout with dt_bias and softplus on both paths.
+// (dstate 96 and 256), clusters (dstate 512), the specialised one at dstate 256 (block slots, one
+// segment and three); the two kernels (dstate 128 and 256, fp16 at 64); and the varlen layout with
+// dt_bias and softplus on both paths.
 TEST(Gpu, ModelDecays) {
   SKIP_WITHOUT_GPU();
   int seed = 1900;
@@ -659,7 +665,8 @@ TEST(Gpu, ModelDecays) {
                         Case{bf16, 1, 4, 128, 64, 2000 + 5, 4, 2, true}, Case{fp16, 2, 4, 128, 128, 3000, 2, 2, true},
                         Case{fp32, 1, 4, 64, 64, 1500, 1, 2, false}, Case{bf16, 1, 32, 64, 128, 3072 - 7, 12, 2, true},
                         Case{bf16, 2, 4, 96, 128, 1500, 3, 2, true}, Case{bf16, 2, 4, 256, 128, 3000 + 45, 2, 2, true},
-                        Case{fp16, 1, 4, 256, 128, 2100, 1, 2, false}, Case{bf16, 2, 4, 512, 128, 2100, 3, 2, true},
+                        Case{fp16, 1, 4, 256, 128, 2100, 1, 2, false}, Case{bf16, 2, 4, 256, 128, 4096 + 7, 3, 2, false},
+                        Case{bf16, 2, 4, 512, 128, 2100, 3, 2, true},
                         Case{bf16, 2, 4, 128, 128, 3000, 4, 1, true}, Case{bf16, 1, 4, 256, 256, 2000 + 9, 1, 1, false},
                         Case{fp16, 2, 4, 64, 64, 1500, 2, 1, true}}) {
     ProblemConfig c = base_config();
@@ -713,7 +720,8 @@ TEST(Gpu, ModelDecays) {
 // between two tokens of a chunk, exp(min(cum_t - cum_s, 0)), at 1 in S and in the state weights,
 // but not the state's, exp(cum_t). Both paths, fused_walk's variants (one warpgroup at dstate 64
 // and 128 with seq_idx and z, three CTAs per SM with seq_idx and z, two warpgroups, clusters, the
-// specialised one at dstate 128 and 64), model-like dt.
+// specialised one at dstate 128, 64 and 256: block 1 from H_s(start) and S_10 X_0, which keep block
+// 0's slot), model-like dt.
 TEST(Gpu, PositiveA) {
   SKIP_WITHOUT_GPU();
   int seed = 2000;
@@ -724,8 +732,8 @@ TEST(Gpu, PositiveA) {
   };
   for (const Case& k : {Case{4, 64, 128, 1500 + 3, 2, 2, true}, Case{4, 128, 64, 1000, 1, 2, false},
                         Case{32, 64, 128, 3072 - 7, 12, 2, true}, Case{4, 64, 128, 3000 + 1, 2, 2, false},
-                        Case{4, 256, 128, 1500, 3, 2, true},
-                        Case{4, 512, 128, 900, 1, 2, false}, Case{4, 128, 128, 1500 + 3, 3, 1, true},
+                        Case{4, 256, 128, 1500, 3, 2, true}, Case{4, 256, 128, 1500 + 3, 2, 2, false},
+                        Case{4, 256, 128, 4096, 1, 2, false}, Case{4, 512, 128, 900, 1, 2, false}, Case{4, 128, 128, 1500 + 3, 3, 1, true},
                         Case{4, 128, 128, 1500 + 3, 2, 2, false},
                         // (the specialised kernel over 64 chunks: many chances for its A > 0
                         // barrier protocol to go wrong, scripts/ws_barrier_model.py)
@@ -748,7 +756,7 @@ TEST(Gpu, PositiveA) {
       ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, false,
                                                    kernels::FusedWalkVariant::kThreePerSm));
     }
-    if (k.seqlen == 8192 || (k.n == 64 && k.q == 128 && !k.with_seq)) {
+    if (k.seqlen == 8192 || ((k.n == 64 || k.n == 256) && k.q == 128 && !k.with_seq)) {
       ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, true,
                                                    kernels::FusedWalkVariant::kSpecialized));
     }

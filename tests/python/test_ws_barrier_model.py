@@ -1,5 +1,6 @@
 """scripts/ws_barrier_model.py: the specialised fused_walk kernel's mbarrier protocol has no
-deadlock in any interleaving of its warpgroups (CPU only); the checker finds the one of 0e3d67e."""
+deadlock in any interleaving of its warpgroups, in both of its forms (CPU only); the checker finds
+the one of 0e3d67e."""
 import importlib.util
 import os
 
@@ -15,6 +16,13 @@ _spec.loader.exec_module(model)
 @pytest.mark.parametrize("a_grows", [False, True])
 def test_kernel_protocol_has_no_deadlock(n_chunks, a_grows):
     assert model.find_deadlock(n_chunks, a_grows) is None
+
+
+@pytest.mark.parametrize("n_chunks", [1, 2, 3, 5])
+@pytest.mark.parametrize("a_grows", [False, True])
+def test_block_slot_protocol_has_no_deadlock(n_chunks, a_grows):
+    # dstate 129-256: the chunk's two blocks as the slots, each refilled by its output warpgroup
+    assert model.find_deadlock(n_chunks, a_grows, blocks=True) is None
 
 
 def test_checker_finds_the_a_grows_hang_of_0e3d67e():
