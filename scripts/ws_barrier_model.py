@@ -2,8 +2,9 @@
 """A model of the mbarrier protocol of fused_walk's specialised kernel (src/kernels/fused_walk_ws.cu),
 checked for deadlock over every interleaving of its three warpgroups. No GPU needed. Two forms:
 chunk slots (dstate <= 128: two chunks' tiles, refilled by the state warpgroup) and block slots
-(dstate 129-256: the chunk's two 64-token blocks, block m's refilled by block m's output
-warpgroup once the state warpgroup, and for block 0 block 1's, are done with it too).
+(dstate 129-256: the chunk's two 64-token blocks, each in two parts, C_m B_m and X_m, that block
+m's output warpgroup refills once the state warpgroup, and for block 0 block 1's, are done with
+them too; the output staged in the block's H_s copy, released after the stores).
 
 Each warpgroup is one actor whose program is the kernel's sequence of mbarrier waits, arrivals
 and load issues per chunk (its 128 threads' arrivals count as one arrival here; the kernel's
@@ -25,11 +26,17 @@ from collections import deque
 # that read it: all three, block slots' block 1 two), H_s written (the state warpgroup), H_s read
 # (both output warpgroups)
 def need(blocks):
-    return {"full0": 1, "full1": 1, "empty0": 3, "empty1": 2 if blocks else 3, "hs_full0": 1, "hs_full1": 1,
-            "hs_empty0": 2, "hs_empty1": 2}
+    if not blocks:
+        return {"full0": 1, "full1": 1, "empty0": 3, "empty1": 3, "hs_full0": 1, "hs_full1": 1, "hs_empty0": 2,
+                "hs_empty1": 2}
+    # (full/empty: the C_m B_m parts, fullx/emptyx the X_m parts; nb2: named barrier 2 of the two
+    # output warpgroups, a_grows only)
+    return {"full0": 1, "full1": 1, "empty0": 3, "empty1": 2, "hs_full0": 1, "hs_full1": 1, "hs_empty0": 2,
+            "hs_empty1": 1, "fullx0": 1, "fullx1": 1, "emptyx0": 3, "emptyx1": 2, "nb2": 2}
 
 
-NAMES = list(need(False))
+NAMES = list(need(True))
+LANDS = {"cb0": "full0", "cb1": "full1", "x0": "fullx0", "x1": "fullx1", 0: "full0", 1: "full1"}
 
 
 def state_program(n_chunks):
@@ -61,33 +68,48 @@ def output_program(n_chunks, m, a_grows, block1_waits_mid):
 
 
 def state_program_blocks(n_chunks):
-    """Block slots, warpgroup 0: loads both blocks of chunk 0, then per chunk H_s(start), block 0's
-    update and release, H_s(mid), block 1's update and release (slot m holds block m)."""
-    ops = [("issue", 0), ("issue", 1)] if n_chunks > 0 else []
+    """Block slots, warpgroup 0: loads both parts of both blocks of chunk 0, then per chunk
+    H_s(start), block 0's update and the release of its parts, H_s(mid), block 1's update and
+    the release of its parts."""
+    ops = [("issue", "cb0"), ("issue", "x0"), ("issue", "cb1"), ("issue", "x1")] if n_chunks > 0 else []
     for c in range(n_chunks):
         ph = c & 1
-        ops += [("wait", "hs_empty0", ph ^ 1), ("wait", "full0", ph), ("arrive", "hs_full0"), ("arrive", "empty0"),
-                ("wait", "hs_empty1", ph ^ 1), ("arrive", "hs_full1"), ("wait", "full1", ph), ("arrive", "empty1")]
+        ops += [("wait", "hs_empty0", ph ^ 1), ("wait", "full0", ph), ("arrive", "hs_full0"), ("wait", "fullx0", ph),
+                ("arrive", "empty0"), ("arrive", "emptyx0"), ("wait", "hs_empty1", ph ^ 1), ("arrive", "hs_full1"),
+                ("wait", "full1", ph), ("wait", "fullx1", ph), ("arrive", "empty1"), ("arrive", "emptyx1")]
     return ops
 
 
 def output_program_blocks(n_chunks, m, a_grows):
-    """Block slots, warpgroup 1 + m: block m of every chunk. Block 1 also waits for block 0's
-    tiles (the chunk's meta lands with them) and releases block 0's slot at once, or with a_grows
-    after S_10 X_0. Both release both H_s after their C H^T, as with chunk slots. After its output
-    each releases its block's slot and, once the others have too, issues its next block."""
+    """Block slots, warpgroup 1 + m: block m of every chunk. Each part is released once read,
+    after the wait for it (so that the arrival counts for this chunk's phase), and refilled by
+    this warpgroup once every reader has released it: C_m B_m after C H^T and C B^T, X_m after the
+    epilogue; H_s copy m after the stores staged in it. Block 1 also reads block 0's meta (with
+    its C_0 B_0 part) and with a_grows its B_0, X_0 and H_s(start), else releases them at once;
+    block 0 then stages in H_s(start) only after block 1's C H^T (named barrier 2)."""
     ops = []
     for c in range(n_chunks):
         ph = c & 1
-        ops += [("wait", "full%d" % m, ph)]
-        if m == 1:
-            ops += [("wait", "full0", ph)] + ([] if a_grows else [("arrive", "empty0")])
-        ops += [("wait", "hs_full%d" % m, ph), ("arrive", "hs_empty1"), ("arrive", "hs_empty0")]
-        if m == 1 and a_grows:
-            ops += [("arrive", "empty0")]
-        ops += [("arrive", "empty%d" % m)]
-        if c + 1 < n_chunks:
-            ops += [("wait", "empty%d" % m, ph), ("issue", m)]
+        more = c + 1 < n_chunks
+
+        def refill(part, bar):
+            return [("wait", bar, ph), ("issue", part)] if more else []
+
+        if m == 0:
+            ops += [("wait", "full0", ph), ("wait", "hs_full0", ph), ("arrive", "empty0")] + refill("cb0", "empty0")
+            ops += [("wait", "fullx0", ph)]
+            if a_grows:
+                ops += [("arrive", "nb2"), ("wait", "nb2", ph)]
+            ops += [("arrive", "emptyx0")] + refill("x0", "emptyx0") + [("arrive", "hs_empty0")]
+        else:
+            ops += [("wait", "full1", ph), ("wait", "full0", ph)] + ([] if a_grows else [("arrive", "empty0")])
+            ops += [("wait", "hs_full1", ph), ("wait", "fullx0", ph)]
+            if not a_grows:
+                ops += [("arrive", "emptyx0"), ("arrive", "hs_empty0"), ("arrive", "empty1")] + refill("cb1", "empty1")
+            else:
+                ops += [("arrive", "empty0"), ("arrive", "hs_empty0"), ("arrive", "nb2"), ("arrive", "emptyx0"),
+                        ("arrive", "empty1")] + refill("cb1", "empty1")
+            ops += [("wait", "fullx1", ph), ("arrive", "emptyx1")] + refill("x1", "emptyx1") + [("arrive", "hs_empty1")]
     return ops
 
 
@@ -123,7 +145,7 @@ def find_deadlock(n_chunks, a_grows, block1_waits_mid=True, blocks=False):
             moves.append((tuple(npcs), tuple(nb), frozenset(nl)))
         for slot in loads:  # a load in flight lands
             nb = list(bars)
-            i = NAMES.index("full%d" % slot)
+            i = NAMES.index(LANDS[slot])
             nb[i] = (nb[i][0] + 1, 0)
             moves.append((pcs, tuple(nb), loads - {slot}))
         if not moves and any(pcs[a] < len(p) for a, p in enumerate(progs)):

@@ -289,7 +289,8 @@ inline double fused_walk_cost(const FusedWalkCall& c, int64_t want) {
   const int64_t ctas = c.cta_heads() * fused_walk_ctas_per_walk(64 * dstate_tiles) * seg;
   // (priced by the variant that launch_fused_walk runs for these CTAs)
   using V = kernels::FusedWalkVariant;
-  const V variant = fused_walk_variant(64 * dstate_tiles, chunk, ctas, c.sm_count, c.specialized);
+  const V variant = fused_walk_variant(64 * dstate_tiles, chunk, ctas, c.sm_count,
+                                       c.specialized && kernels::fused_walk_specialized_segment(64 * dstate_tiles, len_chunks));
   const int per_sm = variant == V::kSpecialized  ? 1
                      : variant == V::kThreePerSm ? 3
                                                  : fused_walk_ctas_per_sm(64 * dstate_tiles);

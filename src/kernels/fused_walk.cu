@@ -565,7 +565,7 @@ bool fused_walk_specialized_supported(const SsdParams& p) {
   return fused_walk_specialized_shape(p.headdim, p.dstate, p.chunk) &&
          fused_walk_specialized_options(!p.varlen, p.seq_idx != nullptr, p.z != nullptr,
                                         p.io_dtype == DType::kFloat32) &&
-         out_store_by_tma(p);
+         fused_walk_specialized_segment(p.dstate, p.seg_chunks) && out_store_by_tma(p);
 }
 
 bool fused_walk_supported(const SsdParams& p) {
@@ -609,9 +609,12 @@ void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_
   }
   if (variant == FusedWalkVariant::kSpecialized) {
     if (!out_tma || !fused_walk_specialized_supported(p)) {
-      throw_launch_error("fused_walk: the specialised variant takes dstate <= 128, chunks of 128, the batched layout "
-                         "without seq_idx and a 16-bit output without z that the TMA can store, got dstate " +
-                         std::to_string(p.dstate) + ", chunk " + std::to_string(p.chunk));
+      throw_launch_error("fused_walk: the specialised variant takes dstate <= 256 (above 128: segments of at least " +
+                         std::to_string(kSpecializedBlocksMinChunks) +
+                         " chunks), chunks of 128, the batched layout without seq_idx and a 16-bit output without z "
+                         "that the TMA can store, got dstate " +
+                         std::to_string(p.dstate) + ", chunk " + std::to_string(p.chunk) + ", segments of " +
+                         std::to_string(p.seg_chunks) + " chunks");
     }
     if (p.ws_heads != 1 && !(p.ws_heads == 2 && fused_walk_specialized_pairs(p.dstate, p.heads_per_group))) {
       throw_launch_error("fused_walk: the specialised variant walks 1 head per CTA, or 2 at dstate <= 64 with an even "

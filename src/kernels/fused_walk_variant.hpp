@@ -26,6 +26,14 @@ constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int
 constexpr bool fused_walk_specialized_options(bool batched, bool seq_idx, bool z, bool out_fp32) {
   return batched && !seq_idx && !z && !out_fp32;
 }
+// The shortest walk segments that kSpecialized runs at dstate 129-256 (its block-slot form, whose
+// start costs more: anchor dstate 256 in segments of 2 chunks 26.0 -> 28.1 us against the
+// two-warpgroup kernel, of 8 chunks 67.9 -> 62.6; H200, design log v38). Shorter ones run
+// kTwoWarpgroups' dstate-256 kernel.
+constexpr int64_t kSpecializedBlocksMinChunks = 4;
+constexpr bool fused_walk_specialized_segment(int64_t dstate, int64_t seg_chunks) {
+  return dstate <= 128 || seg_chunks >= kSpecializedBlocksMinChunks;
+}
 // Where two segments of kSpecialized may split unevenly (SsdParams::seg0_chunks, prewalk; the
 // tuning model's first_segment_chunks, multi_wave_split): dstate <= 128, where their rules were
 // fitted. (The form of dstate 129-256 takes the split; it was not measured, and no pre-walk.)

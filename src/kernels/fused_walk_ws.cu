@@ -33,10 +33,12 @@ namespace st = state_tile;
 // staging buffer of its own for the TMA stores, which are waited for a chunk later. The output
 // warpgroups take the registers the state one does not need (setmaxnreg).
 // At dstate 129-256 (NK = 4) two chunks' tiles do not fit (2 x 145 KB): the buffer's two slots are
-// the chunk's two 64-token blocks instead (kBlockSlots, one head per CTA), each refilled with the
-// next chunk's block once the state's update and the output (block 0: both blocks' outputs) are
-// done with it, by the block's output warpgroup, which stages its output in the block's C_m tile
-// (no room for a staging buffer). Its 64 x 256 state takes 128 accumulator registers.
+// the chunk's two 64-token blocks instead (kBlockSlots, one head per CTA), each in two parts with
+// barriers of their own, C_m and B_m (read by C H^T, C B^T and the state's update) and X_m (read
+// up to the epilogue's D x), and each part refilled with the next chunk's by the block's output
+// warpgroup once its readers are done: C_m and B_m's load runs under S X and the epilogue. The
+// output is staged in the block's H_s copy, which C H^T has read by then (there is no room for a
+// staging buffer). The 64 x 256 state takes 128 accumulator registers.
 // (registers: state + 2 x output <= 3 x 168, 64K per SM; two heads per CTA take 8 more for the state)
 template <int NK, int HP>
 constexpr int kWsStateRegs = NK == 4 ? 192 : HP == 1 ? 144 : 152;
@@ -61,13 +63,13 @@ struct WsLayout {
   static constexpr int kHsBytes = HP * NK * F::kSlice;  // a copy of H_s: head i at i NK slices
   static constexpr int kStageBytes = kM * kN * 2;       // an output block in T
   // [slot 0][slot 1]([meta 0][meta 1])[H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at HP w + i;
-  // none with block slots][D: HP x 64][mbarriers: 8]
+  // none with block slots][D: HP x 64][mbarriers: 8, 12 with block slots]
   static constexpr int kHs = 2 * kSlotBytes + kMetaRing;
   static constexpr int kStage = kHs + 2 * kHsBytes;
   static constexpr int kD = kStage + (kBlockSlots ? 0 : 2 * HP * kStageBytes);
   static_assert(!kBlockSlots || HP == 1, "block slots: one head per CTA");
   static constexpr int kBars = kD + HP * 64 * 4;
-  static constexpr int kBytes = 1024 + kBars + 8 * 8;
+  static constexpr int kBytes = 1024 + kBars + (kBlockSlots ? 12 : 8) * 8;
 };
 
 // A warpgroup's registers from the launch's 168 (3 x 128 threads in 64K) to N: decreased by the
@@ -124,13 +126,22 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   uint64_t* empty = bars + 2;     // [slot]: every thread that reads the slot is done with it
   uint64_t* hs_full = bars + 4;   // [slot]: H_s written (the state warpgroup)
   uint64_t* hs_empty = bars + 6;  // [slot]: C H^T has read it (the output warpgroups)
+  // Block slots: full and empty are the C_m and B_m parts' (block 0's with the chunk's meta);
+  // X_m's part has its own. H_s copy m is released once block m's output stored from it (and
+  // copy 0 once block 1's C H^T read it too).
+  uint64_t* full_x = kBlocks ? bars + 8 : nullptr;    // [block]: X_m landed
+  uint64_t* empty_x = kBlocks ? bars + 10 : nullptr;  // [block]: every reader of X_m is done with it
   float* s_d = reinterpret_cast<float*>(smem + L::kD);  // [head][p]
   if (tid == 0) {
     for (int s = 0; s < 2; ++s) {
       tma::mbar_init(full + s, 1);
       tma::mbar_init(empty + s, (kBlocks && s == 1 ? 2 : 3) * kThreads);  // (block 1: not read by block 0's)
       tma::mbar_init(hs_full + s, kThreads);
-      tma::mbar_init(hs_empty + s, 2 * kThreads);
+      tma::mbar_init(hs_empty + s, (kBlocks && s == 1 ? 1 : 2) * kThreads);
+      if constexpr (kBlocks) {
+        tma::mbar_init(full_x + s, 1);
+        tma::mbar_init(empty_x + s, (s == 1 ? 2 : 3) * kThreads);
+      }
     }
     tma::fence_mbar_init();
   }
@@ -151,20 +162,19 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   };
   auto x_of = [&](const char* buf, int mu, int i) { return buf + mu * L::kBlockBytes + (2 * NK + i) * F::kSlice; };
 
-  // Block slots: block m of the chunk of load index li into slot m, on its full barrier (block 0
-  // with the chunk's meta, into the ring).
-  auto issue_block = [&](int li, int m) {
+  // Block slots: C_m and B_m of the chunk of load index li into slot m (block 0 with the chunk's
+  // meta, into the ring), and its X_m, each on its part's full barrier.
+  auto load_cb = [&](int li, int m) {
     const ChunkInfo ci = walk_chunk(p, walk, c_first + li);
     char* blk = smem + m * L::kBlockBytes;
     uint64_t* bar = full + m;
     const int tok = static_cast<int>(ci.tok0) + m * kM, row = static_cast<int>(walk.row);
-    tma::mbar_arrive_expect(bar, L::kBlockBytes + (m == 0 ? 3 * q * 4 : 0));
+    tma::mbar_arrive_expect(bar, 2 * NK * F::kSlice + (m == 0 ? 3 * q * 4 : 0));
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) {
       tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, ks * kN, tok, static_cast<int>(grp), row);
       tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, ks * kN, tok, static_cast<int>(grp), row);
     }
-    tma::load_4d(&maps.x, bar, blk + 2 * NK * F::kSlice, 0, tok, static_cast<int>(h0), row);
     if (m == 0) {
       const int64_t off = cum_offset(p, walk.row, h0, walk.g0 + c_first + li);
       float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, li), 0));
@@ -172,6 +182,12 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
       tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
     }
+  };
+  auto load_x = [&](int li, int m) {
+    const ChunkInfo ci = walk_chunk(p, walk, c_first + li);
+    tma::mbar_arrive_expect(full_x + m, F::kSlice);
+    tma::load_4d(&maps.x, full_x + m, smem + m * L::kBlockBytes + 2 * NK * F::kSlice, 0,
+                 static_cast<int>(ci.tok0) + m * kM, static_cast<int>(h0), static_cast<int>(walk.row));
   };
 
   if (wg == 0) {
@@ -210,8 +226,10 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     if (tid == 0) {
       if constexpr (kBlocks) {
         if (n_total > 0) {
-          issue_block(0, 0);
-          issue_block(0, 1);
+          load_cb(0, 0);
+          load_x(0, 0);
+          load_cb(0, 1);
+          load_x(0, 1);
         }
       } else {
         if (n_total > 0) issue_chunk(0);
@@ -328,16 +346,20 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         named_barrier_sync(1, kThreads);  // (block 0's weights written)
         const float cum_mid = meta[kM - 1];
         const float s0[1] = {a_grows[0] ? carry : fast_exp2(cum_mid)};
+        tma::mbar_wait(full_x, ph);
         update_w(smem, meta, 0, s0);
         fence_async_shared();  // (block 0's X read by ldmatrix)
         tma::mbar_arrive(empty);
+        tma::mbar_arrive(empty_x);
         write_hs(1, ph);
         tma::mbar_arrive(hs_full + 1);
         tma::mbar_wait(full + 1, ph);
+        tma::mbar_wait(full_x + 1, ph);
         const float s1[1] = {a_grows[0] ? 1.0f : fast_exp2(meta[q - 1] - cum_mid)};
         update_w(smem, meta, 1, s1);
         fence_async_shared();
         tma::mbar_arrive(empty + 1);
+        tma::mbar_arrive(empty_x + 1);
         if (p.states != nullptr) {
           char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h0 * p.st_sh) *
                                                          (int64_t)dtype_size_dev(p.state_dtype);
@@ -468,8 +490,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     char* blk = buf + m * L::kBlockBytes;
     tma::mbar_wait(full + (kBlocks ? m : li & 1), ph);
     if constexpr (kBlocks) {
-      // Block 1 reads the chunk's meta, which lands with block 0, and with a_grows B_0 and X_0
-      // (block 0's slot released after S_10 X_0 below); otherwise nothing of block 0's slot.
+      // Block 1 reads the chunk's meta, which lands with block 0's C_0 and B_0, and with a_grows
+      // B_0, X_0 and H_s(start) (released below once read); otherwise nothing of block 0's. (Each
+      // release follows the wait for what it releases, so that it counts for this chunk's phase.)
       if (m == 1) {
         tma::mbar_wait(full, ph);
         if (j_low == 1) tma::mbar_arrive(empty);
@@ -481,6 +504,16 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     // complete H_s(mid)'s phases before the state warpgroup waits for the first, and its parity
     // wait would never return: scripts/ws_barrier_model.py.)
     tma::mbar_wait(hs_full + m, hph);
+    if constexpr (kBlocks) {
+      // (X_0 landed before the state's update with it, which H_s(mid) follows)
+      if (m == 1) {
+        tma::mbar_wait(full_x, ph);
+        if (j_low == 1) {
+          tma::mbar_arrive(empty_x);
+          tma::mbar_arrive(hs_empty);
+        }
+      }
+    }
     auto issue_cb = [&](int j) {
       wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutB>(mma_cb, thr_cb, blk,
                                                                        buf + j * L::kBlockBytes + NK * F::kSlice, cb);
@@ -536,12 +569,31 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     warpgroup_fence_operand(cb);
 #pragma unroll
     for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
-    // C H^T has read H_s: both warpgroups release both slots (so a_grows needs no other count),
-    // H_s(mid) first: the state warpgroup writes H_s(start) of the next chunk once every thread
-    // has released this one's, and the other warpgroup's next release of H_s(mid) must not
-    // precede this warpgroup's.
-    tma::mbar_arrive(hs_empty + 1);
-    tma::mbar_arrive(hs_empty + 0);
+    if constexpr (kBlocks) {
+      // C H^T and C B^T have read C_m, B_m (a_grows, block 1: B_0, and C_m again in C_1 B_1^T
+      // below) and H_s: the C_m and B_m part refilled, and a_grows block 1 releases H_s(start)
+      // (block 0 stages its output there once that is done: named barrier 2).
+      if (m == 0 || j_low == 1) {
+        // (C_m and B_m released, and once every reader has, refilled with the next chunk's)
+        tma::mbar_arrive(empty + m);
+        if (wtid == 0 && li + 1 < n_total) {
+          tma::mbar_wait(empty + m, ph);
+          load_cb(li + 1, m);
+        }
+        __syncwarp();  // (converged again before the next wgmma)
+      } else {
+        tma::mbar_arrive(empty);
+        tma::mbar_arrive(hs_empty);
+        named_barrier_arrive(2, 2 * kThreads);
+      }
+    } else {
+      // C H^T has read H_s: both warpgroups release both slots (so a_grows needs no other count),
+      // H_s(mid) first: the state warpgroup writes H_s(start) of the next chunk once every thread
+      // has released this one's, and the other warpgroup's next release of H_s(mid) must not
+      // precede this warpgroup's.
+      tma::mbar_arrive(hs_empty + 1);
+      tma::mbar_arrive(hs_empty + 0);
+    }
 #pragma unroll
     for (int i = 0; i < HP; ++i) {
 #pragma unroll
@@ -555,6 +607,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       for (int i = 0; i < HP; ++i) {
         if (j < j_first[i]) continue;
         if constexpr (kBlocks) {
+          if (j == m) tma::mbar_wait(full_x + m, ph);  // (block 1 with a_grows: X_0 waited for above)
           warpgroup_wait<0>();
           const float* s_e = cum_of(meta_c, i) + q + j * kN;
           if (j == m) s_from_cb<true, T>(sf, cb, s_e, a_grows[i], ct0[i], ct1[i], t0 - j * kN, t1 - j * kN, lane);
@@ -572,31 +625,40 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       }
       if (j == m) break;
       warpgroup_wait<0>();
-      if constexpr (kBlocks) tma::mbar_arrive(empty);  // (a_grows: S_10 X_0 was block 0's slot's last read here)
+      if constexpr (kBlocks) tma::mbar_arrive(empty_x);  // (a_grows: S_10 X_0 read X_0)
       warpgroup_fence_operand(cb);
       warpgroup_arrive();
       issue_cb(j + 1);
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(cb);
+      if constexpr (kBlocks) {  // (a_grows: C_1 B_1^T read C_1 and B_1)
+        tma::mbar_arrive(empty + m);
+        if (wtid == 0 && li + 1 < n_total) {
+          tma::mbar_wait(empty + m, ph);
+          load_cb(li + 1, m);
+        }
+        __syncwarp();
+      }
     }
     warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
     if constexpr (kBlocks) {
-      // Staged in the block's C_m tile (only this warpgroup's wgmmas read it, all done); the
-      // stores' reads are waited for before the slot is released and refilled with the block of
-      // the next chunk, once the state warpgroup (and, block 0, block 1's) is done with it too.
-      epilogue_tma_store<T, 3>(acc[0], blk, x_of(buf, m, 0), s_d, p.D != nullptr, &out_map,
+      // Staged in the block's H_s copy (slice 0), which C H^T has read (a_grows, block 0: block
+      // 1's too); X_m's part refilled after the epilogue's D x, the H_s copy released once the
+      // stores have read it.
+      if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
+      epilogue_tma_store<T, 3>(acc[0], hs_of(m, 0), x_of(buf, m, 0), s_d, p.D != nullptr, &out_map,
                                static_cast<int>(ci.tok0) + m * kM, static_cast<int>(h0), row32);
+      tma::mbar_arrive(empty_x + m);
+      if (wtid == 0 && li + 1 < n_total) {
+        tma::mbar_wait(empty_x + m, ph);
+        load_x(li + 1, m);
+      }
       if (lane == 0) tma::bulk_wait_all();
       __syncwarp();
-      tma::mbar_arrive(empty + m);
-      if (wtid == 0 && li + 1 < n_total) {
-        tma::mbar_wait(empty + m, ph);
-        issue_block(li + 1, m);
-      }
-      __syncwarp();
+      tma::mbar_arrive(hs_empty + m);
       continue;
     }
     // (staged in C_m's tile instead, the stores' reads were waited for here, before the slot's

@@ -482,7 +482,8 @@ TEST(Gpu, FusedWalk) {
   // kernel (dstate <= 128 without seq_idx or z; many cases above run it too) at dstate 128 in 160
   // CTAs and in 16, in fp16 at dstate 112 with a partial last chunk, in one 64-column slice at
   // dstate 64 (a partial last chunk) and 48 (fp16), and in block slots at dstate 256 (a partial
-  // last chunk, 3 segments), 192 (fp16, its last slice past dstate) and 144.
+  // last chunk, 3 segments), 192 (fp16, its last slice past dstate) and 144; at dstate 256 in
+  // segments of 2 chunks the two-warpgroup kernel (kernels::fused_walk_specialized_segment).
   using V = kernels::FusedWalkVariant;
   struct Variant {
     DType dtype;
@@ -506,12 +507,14 @@ TEST(Gpu, FusedWalk) {
                            Variant{fp16, 2, 8, 48, 128, 2048 + 3, 3, {}, false, V::kSpecialized},
                            Variant{bf16, 2, 8, 256, 128, 4096 - 5, 3, {}, false, V::kSpecialized},
                            Variant{fp16, 1, 8, 192, 128, 2048 + 3, 2, {}, false, V::kSpecialized},
-                           Variant{bf16, 2, 4, 144, 128, 1500, 1, {}, false, V::kSpecialized}}) {
+                           Variant{bf16, 2, 4, 144, 128, 1500, 1, {}, false, V::kSpecialized},
+                           Variant{bf16, 4, 8, 256, 128, 1024, 4, {}, false, V::kOneWarpgroup}}) {
     // (the segments the shape reduces the count to: the fewest of the same length)
     const int64_t chunks = (v.seqlen + v.q - 1) / v.q, seg_chunks = (chunks + v.segments - 1) / v.segments;
     const int64_t nseg = (chunks + seg_chunks - 1) / seg_chunks;
     const bool specialized = kernels::fused_walk_specialized_shape(64, v.n, v.q) &&
-                             kernels::fused_walk_specialized_options(true, !v.seq_starts.empty(), v.z, false);
+                             kernels::fused_walk_specialized_options(true, !v.seq_starts.empty(), v.z, false) &&
+                             kernels::fused_walk_specialized_segment(v.n, seg_chunks);
     ASSERT_NO_FATAL_FAILURE(expect_fused_variant(v.n, v.q, v.batch * v.heads * nseg, specialized, v.variant));
     ProblemConfig c = base_config();
     c.dtype = v.dtype;
