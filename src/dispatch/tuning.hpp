@@ -135,6 +135,8 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 //   one since v33, below).
 //   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
 //   a short first one (first_segment_chunks), priced from their own measurements (below).
+//   At dstate 129-256 (its block slots, segments of 4 chunks or more) kSpecializedBlocksUnit per
+//   chunk, the same start-up.
 // - The specialised kernel with two heads per CTA (dstate <= 64, heads_per_cta 2): half the CTAs,
 //   0.86 per chunk (two heads' work for 1.56 times one head's) and 4.5 chunks of start-up per
 //   wave; the sums as above (per head). Fitted to 26 forced settings of 7 calls, 1 and 2 heads
@@ -274,9 +276,16 @@ struct FusedWalkCall {
   int64_t cta_heads() const { return pair() ? (walk_heads + 1) / 2 : walk_heads; }  // (CTAs per segment)
 };
 
-// The specialised kernel's chunk at dstate 129-256 (block slots, one CTA of two warpgroups per
-// SM), in the units below.
-constexpr double kSpecializedBlocksUnit = 0.6;
+// The specialised kernel's chunk at dstate 129-256 (block slots, one CTA per SM), in the units
+// below: 0.83 of the two-warpgroup kernel's (1.0), the two walks' ratio at the anchor's 16K in 4
+// segments (187.1 and 216.9 us, less the 44 us of sums and chunk_cumsum both run, v29's ncu).
+// Its start-up per wave, 2 chunks: the walks' difference at 4K and 1K in 4 segments (62.6 against
+// 67.9 us, 28.1 against 26.0, at about 5.3 us per unit); it pays from segments of about 4 chunks
+// (kernels::kSpecializedBlocksMinChunks). The model's ratios between 2, 4 and 8 segments then
+// follow the forced counts (at 16K 1.75 / 1 / 1.05 against 1.61 / 1 / 1.13) and it picks 4, the
+// fastest measured from 4K to 256K tokens (H200, design log v38).
+constexpr double kSpecializedBlocksUnit = 0.83;
+constexpr double kSpecializedBlocksStart = 2.0;
 
 // The model's time of `want` segments (in its units: comparable between counts and heads per
 // CTA of one call).
@@ -318,7 +327,11 @@ inline double fused_walk_cost(const FusedWalkCall& c, int64_t want) {
                       : variant == V::kTwoWarpgroups ? 0.64
                       : alone                        ? 0.66
                                                      : 1.0;
-  const double start = c.pair() ? 4.5 : variant == V::kSpecialized ? 4.0 : variant == V::kTwoWarpgroups ? 0.5 : 1.0;
+  const double start = c.pair()                        ? 4.5
+                       : blocks                        ? kSpecializedBlocksStart
+                       : variant == V::kSpecialized    ? 4.0
+                       : variant == V::kTwoWarpgroups ? 0.5
+                                                       : 1.0;
   return unit * static_cast<double>((ctas + slots - 1) / slots) * (len + start) + sums;
 }
 

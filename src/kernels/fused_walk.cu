@@ -1,5 +1,6 @@
 // fused_walk: the state walk and every chunk's output in one kernel; the chunk states stay on chip.
-// (At dstate <= 128, batched, without seq_idx or z: the warp-specialised kernel of fused_walk_ws.cu.)
+// (At dstate <= 256, batched, without seq_idx or z: the warp-specialised kernel of fused_walk_ws.cu,
+// above dstate 128 in walk segments of 4 chunks or more.)
 //
 // One CTA per (walk, head, walk segment) walks the segment's chunks in order, with the head's
 // whole 64 x N state (headdim 64) as wgmma accumulators in registers (fp32): one warpgroup holds

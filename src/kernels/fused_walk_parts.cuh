@@ -165,12 +165,13 @@ __device__ __forceinline__ void issue_update_wgmma(Mma& mma, Thr& thr, XFrag& xw
 }
 
 // The decays of S_mj = C_m B_j^T * exp2(cum_t - e_s) at a thread's values (rows t0, t1; the 16
-// columns 8 k + 2 (lane % 4), + 1 of block j, whose e_s start at e_j): where kMasked, 0 outside
-// lw <= s <= hi (column indices within block j; kLower: the lower bound applies, with seq_idx).
-// a_grows: cum_t taken as 0 (A > 0, see fused_walk_kernel).
-template <bool kMasked, bool kLower, int kVals>
-__device__ __forceinline__ void s_decays(float (&decay)[kVals], const float* e_j, bool a_grows, float ct0, float ct1,
-                                         int hi0, int hi1, int lw0, int lw1, int lane) {
+// columns 8 k + 2 (lane % 4), + 1 of block j, whose e_s start at e_j), handed to f(v, l_v,
+// l_v+1) for each pair of fragment values: where kMasked, 0 outside lw <= s <= hi (column
+// indices within block j; kLower: the lower bound applies, with seq_idx). a_grows: cum_t taken as
+// 0 (A > 0, see fused_walk_kernel).
+template <bool kMasked, bool kLower, class F>
+__device__ __forceinline__ void for_each_decay(const float* e_j, bool a_grows, float ct0, float ct1, int hi0, int hi1,
+                                               int lw0, int lw1, int lane, F&& f) {
 #pragma unroll
   for (int k = 0; k < kN / 8; ++k) {
     const int col = 8 * k + 2 * (lane % 4);
@@ -178,44 +179,38 @@ __device__ __forceinline__ void s_decays(float (&decay)[kVals], const float* e_j
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float ct = a_grows ? 0.0f : r ? ct1 : ct0;
-      const int v = 4 * k + 2 * r;
       const float l0 = fast_exp2(ct - es.x), l1 = fast_exp2(ct - es.y);
       if constexpr (kMasked) {
         const int hi = r ? hi1 : hi0, lw = r ? lw1 : lw0;
-        decay[v] = col <= hi && (!kLower || col >= lw) ? l0 : 0.0f;
-        decay[v + 1] = col + 1 <= hi && (!kLower || col + 1 >= lw) ? l1 : 0.0f;
+        f(4 * k + 2 * r, col <= hi && (!kLower || col >= lw) ? l0 : 0.0f,
+          col + 1 <= hi && (!kLower || col + 1 >= lw) ? l1 : 0.0f);
       } else {
-        decay[v] = l0;
-        decay[v + 1] = l1;
+        f(4 * k + 2 * r, l0, l1);
       }
     }
   }
 }
 
-// S = C B^T * decay in the 16-bit A fragment sf, the decays of s_decays<kMasked, false> computed
-// value by value instead of into an array first (32 registers fewer live beside C B^T, S and the
-// accumulator: the block-slot specialised kernel's output warpgroup, fused_walk_ws.cu).
+// The decays into an array (fragment order), computed while the wgmma that gives C_m B_j^T runs.
+template <bool kMasked, bool kLower, int kVals>
+__device__ __forceinline__ void s_decays(float (&decay)[kVals], const float* e_j, bool a_grows, float ct0, float ct1,
+                                         int hi0, int hi1, int lw0, int lw1, int lane) {
+  for_each_decay<kMasked, kLower>(e_j, a_grows, ct0, ct1, hi0, hi1, lw0, lw1, lane, [&](int v, float l0, float l1) {
+    decay[v] = l0;
+    decay[v + 1] = l1;
+  });
+}
+
+// S = C B^T * decay straight into the 16-bit A fragment sf, once C B^T has landed (no array of
+// decays: 32 registers fewer live beside C B^T, S and the accumulator; the block-slot
+// specialised kernel's output warpgroups, fused_walk_ws.cu).
 template <bool kMasked, class T, class SFrag, class CbFrag>
 __device__ __forceinline__ void s_from_cb(SFrag& sf, const CbFrag& cb, const float* e_j, bool a_grows, float ct0,
                                           float ct1, int hi0, int hi1, int lane) {
-#pragma unroll
-  for (int k = 0; k < kN / 8; ++k) {
-    const int col = 8 * k + 2 * (lane % 4);
-    const float2 es = *reinterpret_cast<const float2*>(e_j + col);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float ct = a_grows ? 0.0f : r ? ct1 : ct0;
-      const int v = 4 * k + 2 * r;
-      float l0 = fast_exp2(ct - es.x), l1 = fast_exp2(ct - es.y);
-      if constexpr (kMasked) {
-        const int hi = r ? hi1 : hi0;
-        l0 = col <= hi ? l0 : 0.0f;
-        l1 = col + 1 <= hi ? l1 : 0.0f;
-      }
-      sf(v) = from_float<T>(cb(v) * l0);
-      sf(v + 1) = from_float<T>(cb(v + 1) * l1);
-    }
-  }
+  for_each_decay<kMasked, false>(e_j, a_grows, ct0, ct1, hi0, hi1, 0, 0, lane, [&](int v, float l0, float l1) {
+    sf(v) = from_float<T>(cb(v) * l0);
+    sf(v + 1) = from_float<T>(cb(v + 1) * l1);
+  });
 }
 
 // FusedWalkVariant::kSpecialized (fused_walk_ws.cu); the caller checked

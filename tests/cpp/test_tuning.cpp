@@ -627,6 +627,37 @@ TEST(TuningHeuristic, SegmentsOfTheKernelThatRuns) {
   EXPECT_EQ(segments(shape(1, 2048, 40), 1, false), 6);
 }
 
+// The specialised kernel at dstate 129-256 (block slots; H200, design log v38, forced segment
+// counts of the anchor at dstate 256): 4 segments from 4K to 256K tokens, where 2 and 8 were
+// slower; in segments of under 4 chunks the two-warpgroup kernel runs (1K: 26.0 us against 28.1),
+// and the model prices those counts by it.
+TEST(TuningHeuristic, SpecializedBlockSlots) {
+  for (int64_t l : {4096, 16384, 65536, 262144}) {
+    ProblemShape s;
+    s.batch = 4; s.seqlen = l; s.nheads = 8; s.ngroups = 1; s.headdim = 64; s.dstate = 256;
+    s.chunk_size = 128; s.nchunks = l / 128;
+    const KernelConfig c = detail::heuristic_config(s, 4, true, 132, detail::max_walk_segments(s, false));
+    EXPECT_EQ(c.fused_walk, 2) << l;
+    EXPECT_EQ(c.pass_state_segments, 4) << l;
+    EXPECT_TRUE(kernels::fused_walk_specialized_segment(256, s.nchunks / c.pass_state_segments)) << l;
+  }
+  EXPECT_FALSE(kernels::fused_walk_specialized_segment(256, 2));
+  EXPECT_TRUE(kernels::fused_walk_specialized_segment(256, 4));
+  EXPECT_TRUE(kernels::fused_walk_specialized_segment(128, 1));
+  EXPECT_TRUE(kernels::fused_walk_specialized_shape(64, 256, 128));
+  EXPECT_FALSE(kernels::fused_walk_specialized_shape(64, 272, 128));
+  // (16 chunks in 8 segments of 2: the two-warpgroup kernel's price, as with no specialised
+  // kernel; in 2 of 8 the block slots' lower one)
+  const detail::FusedWalkCall ws{32, 16, 4, 128, 132, 16, true, true, 1};
+  detail::FusedWalkCall other = ws;
+  other.specialized = false;
+  EXPECT_DOUBLE_EQ(detail::fused_walk_cost(ws, 8), detail::fused_walk_cost(other, 8));
+  EXPECT_LT(detail::fused_walk_cost(ws, 2), detail::fused_walk_cost(other, 2));
+  // no uneven split or pre-walk there (fitted at dstate 128 only)
+  EXPECT_FALSE(kernels::fused_walk_specialized_uneven(256));
+  EXPECT_TRUE(kernels::fused_walk_specialized_uneven(128));
+}
+
 TEST(TuningValidate, ExplicitSettingsAreChecked) {
   ProblemConfig c = small_config();
   Problem prob(c);
