@@ -136,7 +136,7 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 //   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
 //   a short first one (first_segment_chunks), priced from their own measurements (below).
 //   At dstate 129-256 (its block slots, segments of 4 chunks or more) kSpecializedBlocksUnit per
-//   chunk, the same start-up.
+//   chunk and kSpecializedBlocksStart chunks of start-up per wave (below).
 // - The specialised kernel with two heads per CTA (dstate <= 64, heads_per_cta 2): half the CTAs,
 //   0.86 per chunk (two heads' work for 1.56 times one head's) and 4.5 chunks of start-up per
 //   wave; the sums as above (per head). Fitted to 26 forced settings of 7 calls, 1 and 2 heads

@@ -190,8 +190,8 @@ bool read_file(const std::string& path, std::string& text) {
 // segment counts; v36: two segments of it beyond a wave may split unevenly too, the long segments
 // of every walk launched first, multi_wave_first_segment; the segment sums of a short first
 // segment split into parts, which moves the best lengths and counts; v38: the specialised
-// fused_walk takes dstate 129-256 too, one CTA of two warpgroups per SM, which moves the best
-// segment counts there).
+// fused_walk takes dstate 129-256 too, in block slots, which moves the best segment counts
+// there).
 constexpr int kKernelRevision = 38;
 
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {

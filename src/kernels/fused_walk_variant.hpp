@@ -12,9 +12,9 @@ namespace mamba2_ssd::kernels {
 // one per 64-token block and 64 state columns each, as above dstate 128 (at dstate <= 64 the
 // second warpgroup's columns are past dstate: zeros). kSpecialized (dstate <= 256, chunks of 128,
 // the batched layout without seq_idx, out by TMA stores; kernels::fused_walk_specialized_supported):
-// one CTA per SM split by role, a warpgroup for the state and the output's: at dstate <= 128 two
-// output warpgroups (one per 64-token block) and two chunk buffers, at 129-256 one output
-// warpgroup and a buffer of two 64-token blocks (fused_walk_ws.cu).
+// one CTA of three warpgroups per SM, one for the state and two for the output (one per 64-token
+// block); at dstate <= 128 two chunk buffers, at 129-256 a buffer of the chunk's two 64-token
+// blocks (fused_walk_ws.cu).
 enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups, kSpecialized };
 
 // kSpecialized's condition, for the tuning model and the launch (fused_walk_specialized_supported,
@@ -28,15 +28,16 @@ constexpr bool fused_walk_specialized_options(bool batched, bool seq_idx, bool z
 }
 // The shortest walk segments that kSpecialized runs at dstate 129-256 (its block-slot form, whose
 // start costs more: anchor dstate 256 in segments of 2 chunks 26.0 -> 28.1 us against the
-// two-warpgroup kernel, of 8 chunks 67.9 -> 62.6; H200, design log v38). Shorter ones run
-// kTwoWarpgroups' dstate-256 kernel.
+// two-warpgroup kernel, of 8 chunks 67.9 -> 62.6; H200, design log v38). Shorter ones run the
+// two-warpgroup dstate-256 kernel (kOneWarpgroup's launch there).
 constexpr int64_t kSpecializedBlocksMinChunks = 4;
 constexpr bool fused_walk_specialized_segment(int64_t dstate, int64_t seg_chunks) {
   return dstate <= 128 || seg_chunks >= kSpecializedBlocksMinChunks;
 }
 // Where two segments of kSpecialized may split unevenly (SsdParams::seg0_chunks, prewalk; the
 // tuning model's first_segment_chunks, multi_wave_split): dstate <= 128, where their rules were
-// fitted. (The form of dstate 129-256 takes the split; it was not measured, and no pre-walk.)
+// fitted. (The block-slot form of dstate 129-256 would run an uneven split, not measured; it has
+// no pre-walk.)
 constexpr bool fused_walk_specialized_uneven(int64_t dstate) { return dstate <= 128; }
 // Where kSpecialized may walk two heads per CTA (SsdParams::ws_heads): one 64-column slice, and
 // heads that pair within their group.

@@ -326,8 +326,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       tma::mbar_arrive(empty + (i & 1));
     }
     if constexpr (kBlocks) {
-      // Block slots: block 0's slot is released after its update, block 1's after the chunk's;
-      // the output warpgroups refill them. The chunk's meta is in the ring (meta_buf).
+      // Block slots: each block's two parts (C_m B_m, X_m) are released after the update with
+      // it; the output warpgroups refill them. The chunk's meta is in the ring (meta_buf).
 #pragma unroll 1
       for (int c_rel = 0; c_rel < n_local; ++c_rel) {
         const int64_t c = c_begin + c_rel;
@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         const int li = pre + c_rel;  // (the chunk's load index)
         const uint32_t ph = (li >> 1) & 1u, hph = c_rel & 1u;
         float carry[HP];
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < HP; ++i) {
           carry[i] = carry_next[i];
           if (c_rel + 1 < n_local) carry_next[i] = carry_walk[i * p.nchunks + c + 1];
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
         // (a_grows: w = dt' stays, see below)
         tma::mbar_wait(full + (li & 1), ph);
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < HP; ++i) {
           float* meta = const_cast<float*>(cum_of(buf, i));
           const float e = (a_grows[i] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         // decays within a chunk are clamped at 1 (mamba_ssm), which the split cannot express: H *
         // carry + every token with w = dt', and block 1's output works from H_s(start) (see below).
         float cum_mid[HP], s0[HP], s1[HP];
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < HP; ++i) {
           cum_mid[i] = cum_of(buf, i)[kM - 1];
           s0[i] = a_grows[i] ? carry[i] : fast_exp2(cum_mid[i]);
@@ -416,13 +416,13 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
           issue_chunk(li + 1);
         }
         __syncwarp();
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < HP; ++i) s1[i] = a_grows[i] ? 1.0f : fast_exp2(cum_of(buf, i)[q - 1] - cum_mid[i]);
         update(buf, 1, s1);
         fence_async_shared();
         tma::mbar_arrive(empty + (li & 1));
         if (p.states != nullptr) {
-  #pragma unroll
+#pragma unroll
           for (int i = 0; i < HP; ++i) {
             char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc +
                                                         (h0 + i) * p.st_sh) * (int64_t)dtype_size_dev(p.state_dtype);
