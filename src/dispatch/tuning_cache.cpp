@@ -191,8 +191,8 @@ bool read_file(const std::string& path, std::string& text) {
 // of every walk launched first, multi_wave_first_segment; the segment sums of a short first
 // segment split into parts, which moves the best lengths and counts; v38: the specialised
 // fused_walk takes dstate 129-256 too, in block slots, which moves the best segment counts
-// there).
-constexpr int kKernelRevision = 38;
+// there; v39: and dstate 257-512, on two ranks of a cluster).
+constexpr int kKernelRevision = 39;
 
 std::string make_tuning_key(const DeviceId& dev, const ForwardParams& p, const ProblemShape& s) {
   const bool varlen = p.layout == Layout::kVarlen;

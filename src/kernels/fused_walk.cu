@@ -1,5 +1,5 @@
 // fused_walk: the state walk and every chunk's output in one kernel; the chunk states stay on chip.
-// (At dstate <= 256, batched, without seq_idx or z: the warp-specialised kernel of fused_walk_ws.cu,
+// (At dstate <= 512, batched, without seq_idx or z: the warp-specialised kernel of fused_walk_ws.cu,
 // above dstate 128 in walk segments of 4 chunks or more.)
 //
 // One CTA per (walk, head, walk segment) walks the segment's chunks in order, with the head's
@@ -610,7 +610,7 @@ void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_
   }
   if (variant == FusedWalkVariant::kSpecialized) {
     if (!out_tma || !fused_walk_specialized_supported(p)) {
-      throw_launch_error("fused_walk: the specialised variant takes dstate <= 256 (above 128: segments of at least " +
+      throw_launch_error("fused_walk: the specialised variant takes dstate <= 512 (above 128: segments of at least " +
                          std::to_string(kSpecializedBlocksMinChunks) +
                          " chunks), chunks of 128, the batched layout without seq_idx and a 16-bit output without z "
                          "that the TMA can store, got dstate " +

@@ -10,18 +10,19 @@ namespace mamba2_ssd::kernels {
 // kOneWarpgroup: two CTAs of one warpgroup per SM. kThreePerSm (dstate <= 64): three such CTAs per
 // SM, each slower. kTwoWarpgroups (dstate <= 128, chunks of 128): one CTA of two warpgroups per SM,
 // one per 64-token block and 64 state columns each, as above dstate 128 (at dstate <= 64 the
-// second warpgroup's columns are past dstate: zeros). kSpecialized (dstate <= 256, chunks of 128,
+// second warpgroup's columns are past dstate: zeros). kSpecialized (dstate <= 512, chunks of 128,
 // the batched layout without seq_idx, out by TMA stores; kernels::fused_walk_specialized_supported):
 // one CTA of three warpgroups per SM, one for the state and two for the output (one per 64-token
 // block); at dstate <= 128 two chunk buffers, at 129-256 a buffer of the chunk's two 64-token
-// blocks (fused_walk_ws.cu).
+// blocks, at 257-512 the same on each of two CTAs of a cluster, 256 state columns each
+// (fused_walk_ws.cu).
 enum class FusedWalkVariant { kOneWarpgroup, kThreePerSm, kTwoWarpgroups, kSpecialized };
 
 // kSpecialized's condition, for the tuning model and the launch (fused_walk_specialized_supported,
 // which adds the output's alignment, a property of the pointer): its shape, and the call's layout
 // and options (batched, no seq_idx, and an output the TMA stores: 16-bit, no z).
 constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int64_t chunk) {
-  return headdim == 64 && dstate <= 256 && chunk == 128;
+  return headdim == 64 && dstate <= 512 && chunk == 128;
 }
 constexpr bool fused_walk_specialized_options(bool batched, bool seq_idx, bool z, bool out_fp32) {
   return batched && !seq_idx && !z && !out_fp32;

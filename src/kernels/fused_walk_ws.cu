@@ -39,6 +39,12 @@ namespace st = state_tile;
 // warpgroup once its readers are done: C_m and B_m's load runs under S X and the epilogue. The
 // output is staged in the block's H_s copy, which C H^T has read by then (there is no room for a
 // staging buffer). The 64 x 256 state takes 128 accumulator registers.
+// At dstate 257-512 two CTAs of a cluster (ranks, kRanks = 2) walk each head, rank r holding state
+// columns 256 r .. 256 r + 255 in that block-slot form, as fused_walk_kernel's clusters do: each
+// rank's output warpgroups compute both blocks' outputs over its columns, and block m is finished
+// by rank m, whose warpgroup of block m adds the 64 x 64 fp32 partial that the other rank's sends
+// (st.async) into slices 1-2 of its H_s copy m, free once its C H^T has read them (slice 0 takes
+// the output's staging); the sender stages nothing and stores nothing.
 // (registers: state + 2 x output <= 3 x 168, 64K per SM; two heads per CTA take 8 more for the state)
 template <int NK, int HP>
 constexpr int kWsStateRegs = NK == 4 ? 192 : HP == 1 ? 144 : 152;
@@ -47,7 +53,7 @@ constexpr int kWsOutRegs = NK == 4 ? 152 : 176;
 template <int NK>
 constexpr bool kWsBlockSlots = NK == 4;
 
-template <class T, int NK, int HP>
+template <class T, int NK, int HP, int kRanks = 1>
 struct WsLayout {
   using F = Fused<T, NK, 1>;
   static constexpr int kQ = 128;
@@ -63,13 +69,14 @@ struct WsLayout {
   static constexpr int kHsBytes = HP * NK * F::kSlice;  // a copy of H_s: head i at i NK slices
   static constexpr int kStageBytes = kM * kN * 2;       // an output block in T
   // [slot 0][slot 1]([meta 0][meta 1])[H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at HP w + i;
-  // none with block slots][D: HP x 64][mbarriers: 8, 12 with block slots]
+  // none with block slots][D: HP x 64][mbarriers: 8, 12 with block slots, 14 with two ranks]
   static constexpr int kHs = 2 * kSlotBytes + kMetaRing;
   static constexpr int kStage = kHs + 2 * kHsBytes;
   static constexpr int kD = kStage + (kBlockSlots ? 0 : 2 * HP * kStageBytes);
   static_assert(!kBlockSlots || HP == 1, "block slots: one head per CTA");
+  static_assert(kRanks == 1 || kBlockSlots, "two ranks: block slots");
   static constexpr int kBars = kD + HP * 64 * 4;
-  static constexpr int kBytes = 1024 + kBars + (kBlockSlots ? 12 : 8) * 8;
+  static constexpr int kBytes = 1024 + kBars + (kBlockSlots ? 12 + 2 * (kRanks - 1) : 8) * 8;
 };
 
 // A warpgroup's registers from the launch's 168 (3 x 128 threads in 64K) to N: decreased by the
@@ -86,15 +93,18 @@ static_assert(kWsStateRegs<1, 1> + 2 * kWsOutRegs<1> <= 3 * kWsEntryRegs &&
                   kWsStateRegs<4, 1> + 2 * kWsOutRegs<4> <= 3 * kWsEntryRegs,
               "the warpgroups' registers within the launch's");
 
-template <class T, int NK, int HP>
+template <class T, int NK, int HP, int kRanks>
 __global__ void __launch_bounds__(3 * kThreads, 1)
     fused_walk_ws_kernel(const SsdParams p, const __grid_constant__ ChunkInputMaps maps,
                          const __grid_constant__ CUtensorMap out_map) {
   using F = Fused<T, NK, 1>;
   using Tr = typename F::Tr;
-  using L = WsLayout<T, NK, HP>;
+  using L = WsLayout<T, NK, HP, kRanks>;
   constexpr int q = L::kQ;
   constexpr bool kBlocks = L::kBlockSlots;
+  // The CTA's rank and its first state column (read where used, as in fused_walk_kernel).
+  auto rank_now = [&]() { return kRanks == 1 ? 0 : static_cast<int>(tma::cluster_rank()); };
+  auto n_base = [&]() { return rank_now() * NK * kN; };
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / kThreads, wtid = tid % kThreads;
@@ -131,6 +141,11 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   // copy 0 once block 1's C H^T read it too).
   uint64_t* full_x = kBlocks ? bars + 8 : nullptr;    // [block]: X_m landed
   uint64_t* empty_x = kBlocks ? bars + 10 : nullptr;  // [block]: every reader of X_m is done with it
+  // Two ranks: part_full, the other rank's partial of this rank's block landed (its bytes, with one
+  // arrival by the receiving warpgroup); part_free, the other rank's warpgroup of the block this
+  // rank sends has read the H_s copy that takes it (128 arrivals from there).
+  uint64_t* part_full = kRanks > 1 ? bars + 12 : nullptr;
+  uint64_t* part_free = kRanks > 1 ? bars + 13 : nullptr;
   float* s_d = reinterpret_cast<float*>(smem + L::kD);  // [head][p]
   if (tid == 0) {
     for (int s = 0; s < 2; ++s) {
@@ -143,10 +158,15 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         tma::mbar_init(empty_x + s, (s == 1 ? 2 : 3) * kThreads);
       }
     }
+    if constexpr (kRanks > 1) {
+      tma::mbar_init(part_full, 1);
+      tma::mbar_init(part_free, kThreads);
+    }
     tma::fence_mbar_init();
   }
   if (p.D != nullptr && tid < HP * 64) s_d[tid] = p.D[(h0 + tid / 64) * p.D_sh + (tid % 64) * p.D_sp];
-  __syncthreads();
+  if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's mbarriers are initialised)
+  else __syncthreads();
   pdl_wait_primary();  // (launched early behind the segment sums or chunk_cumsum, see fused_walk_kernel)
   auto slot_of = [&](int i) { return kBlocks ? smem : smem + (i & 1) * L::kSlotBytes; };
   // Where cum_of finds chunk li's meta: in its slot, or (block slots) in the ring after the slots.
@@ -168,12 +188,12 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     const ChunkInfo ci = walk_chunk(p, walk, c_first + li);
     char* blk = smem + m * L::kBlockBytes;
     uint64_t* bar = full + m;
-    const int tok = static_cast<int>(ci.tok0) + m * kM, row = static_cast<int>(walk.row);
+    const int tok = static_cast<int>(ci.tok0) + m * kM, row = static_cast<int>(walk.row), n0 = n_base();
     tma::mbar_arrive_expect(bar, 2 * NK * F::kSlice + (m == 0 ? 3 * q * 4 : 0));
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) {
-      tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, ks * kN, tok, static_cast<int>(grp), row);
-      tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, ks * kN, tok, static_cast<int>(grp), row);
+      tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
+      tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
     }
     if (m == 0) {
       const int64_t off = cum_offset(p, walk.row, h0, walk.g0 + c_first + li);
@@ -246,11 +266,11 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       if ((seg == 0 || pre > 0) && p.init != nullptr) {
         const void* src = static_cast<const char*>(p.init) +
                           (walk.walk * p.init_sb + h * p.init_sh) * (int64_t)dtype_size_dev(p.init_dtype);
-        st::load_tile<1>(hacc[i], src, p.init_dtype, p.init_sp, 0, 0, p);
+        st::load_tile<1>(hacc[i], src, p.init_dtype, p.init_sp, 0, n_base(), p);
       } else if (seg > 0 && pre == 0) {
         // (not unrolled: the state warpgroup's 144 registers)
         state_from_sums<true, 1>(hacc[i], p, (walk.walk * p.nheads + h) * sums_per_walk_head(p), seg * p.sum_split,
-                                 0, wtid);
+                                 rank_now() * NK, wtid);
       } else {
         clear(hacc[i]);
       }
@@ -363,7 +383,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         if (p.states != nullptr) {
           char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h0 * p.st_sh) *
                                                          (int64_t)dtype_size_dev(p.state_dtype);
-          st::store_tile<1>(hacc[0], dst, p.state_dtype, p.st_sp, 0, 0, p);
+          st::store_tile<1>(hacc[0], dst, p.state_dtype, p.st_sp, 0, n_base(), p);
         }
       }
     } else {
@@ -436,7 +456,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       for (int i = 0; i < HP; ++i) {
         char* dst = static_cast<char*>(p.final_states) +
                     (walk.walk * p.fin_sb + (h0 + i) * p.fin_sh) * (int64_t)dtype_size_dev(p.fin_dtype);
-        st::store_tile<1>(hacc[i], dst, p.fin_dtype, p.fin_sp, 0, 0, p);
+        st::store_tile<1>(hacc[i], dst, p.fin_dtype, p.fin_sp, 0, n_base(), p);
       }
     }
     return;
@@ -584,7 +604,17 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       } else {
         tma::mbar_arrive(empty);
         tma::mbar_arrive(hs_empty);
-        named_barrier_arrive(2, 2 * kThreads);
+        if (kRanks == 1 || rank_now() == 0) named_barrier_arrive(2, 2 * kThreads);  // (block 0 stages here)
+      }
+      if constexpr (kRanks > 1) {
+        if (m == rank_now()) {
+          // Slices 1-2 of H_s copy m may take the other rank's partial (block 0 with a_grows: once
+          // block 1 has read H_s(start) too; its wait before the staging is then this one).
+          if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
+          tma::mbar_arrive_cluster(tma::cluster_addr(part_free, 1 - m));
+        } else {
+          tma::mbar_arrive(hs_empty + m);  // (the sender stages nothing in its copy)
+        }
       }
     } else {
       // C H^T has read H_s: both warpgroups release both slots (so a_grows needs no other count),
@@ -648,7 +678,41 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       // Staged in the block's H_s copy (slice 0), which C H^T has read (a_grows, block 0: block
       // 1's too); X_m's part refilled after the epilogue's D x, the H_s copy released once the
       // stores have read it.
-      if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
+      if constexpr (kRanks > 1) {
+        // Block m is rank m's: the other rank's warpgroup sends its partial and refills X_m (the
+        // partial's wait: the receiver's part_free arrival of this chunk, in slices 1-2 of its
+        // copy m), this rank's adds it (fragment order) before the epilogue.
+        constexpr int kVals = decltype(size(acc[0]))::value;
+        float* s_part = reinterpret_cast<float*>(hs_of(m, 0) + F::kSlice);
+        if (m != rank_now()) {
+          tma::mbar_wait<true>(part_free, ph);
+          const uint32_t dst = tma::cluster_addr(s_part, m), bar = tma::cluster_addr(part_full, m);
+#pragma unroll
+          for (int v = 0; v < kVals; v += 4) {
+            tma::cluster_store_async(dst + ((v / 4) * kThreads + wtid) * 16,
+                                     make_float4(acc[0](v), acc[0](v + 1), acc[0](v + 2), acc[0](v + 3)), bar);
+          }
+          tma::mbar_arrive(empty_x + m);
+          if (wtid == 0 && li + 1 < n_total) {
+            tma::mbar_wait(empty_x + m, ph);
+            load_x(li + 1, m);
+          }
+          __syncwarp();
+          continue;
+        }
+        // (the expected bytes may post after some have landed)
+        if (wtid == 0) tma::mbar_arrive_expect(part_full, kM * 64 * 4);
+        tma::mbar_wait<true>(part_full, ph);
+#pragma unroll
+        for (int v = 0; v < kVals; v += 4) {
+          const float4 o = reinterpret_cast<const float4*>(s_part)[(v / 4) * kThreads + wtid];
+          acc[0](v) += o.x;
+          acc[0](v + 1) += o.y;
+          acc[0](v + 2) += o.z;
+          acc[0](v + 3) += o.w;
+        }
+      }
+      if (kRanks == 1 && m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
       epilogue_tma_store<T, 3>(acc[0], hs_of(m, 0), x_of(buf, m, 0), s_d, p.D != nullptr, &out_map,
                                static_cast<int>(ci.tok0) + m * kM, static_cast<int>(h0), row32);
       tma::mbar_arrive(empty_x + m);
@@ -676,16 +740,17 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   if (lane == 0) tma::bulk_wait_all<true>();  // (the output stores are done)
 }
 
-template <class T, int NK, int HP>
+template <class T, int NK, int HP, int kRanks = 1>
 void launch_ws_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map, int64_t walks,
                      cudaStream_t stream) {
-  auto kernel = fused_walk_ws_kernel<T, NK, HP>;
-  constexpr int smem = WsLayout<T, NK, HP>::kBytes;
+  auto kernel = fused_walk_ws_kernel<T, NK, HP, kRanks>;
+  constexpr int smem = WsLayout<T, NK, HP, kRanks>::kBytes;
   static_assert(smem <= 227 * 1024, "shared memory of the specialised walk");
   raise_smem_limit(reinterpret_cast<const void*>(kernel), smem, false, "cudaFuncSetAttribute(fused_walk specialised)");
-  const dim3 grid(1, static_cast<unsigned>(p.nheads / HP), static_cast<unsigned>(walks * p.nseg));
-  launch_kernel(kernel, grid, dim3(3 * kThreads), smem, stream, true, 1, "launch fused_walk (specialised)", p, maps,
-                out_map);
+  const dim3 grid(kRanks, static_cast<unsigned>(p.nheads / HP), static_cast<unsigned>(walks * p.nseg));
+  launch_kernel(kernel, grid, dim3(3 * kThreads), smem, stream, true, kRanks,
+                kRanks == 1 ? "launch fused_walk (specialised)" : "launch fused_walk (specialised, clusters of two)", p,
+                maps, out_map);
 }
 
 }  // namespace
@@ -709,12 +774,17 @@ void launch_fused_walk_specialized(const SsdParams& p, const ChunkInputMaps& map
     else launch_ws_typed<cutlass::bfloat16_t, 2, 1>(p, maps, out_map, walks, stream);
     return;
   }
-  // (dstate 129-256: four slices in block slots, dstate below 256 with zero columns past it; one
-  // head per CTA and no pre-walk)
+  // (dstate 129-512: four slices in block slots, above 256 on two ranks, with zero columns past
+  // dstate; one head per CTA and no pre-walk)
   if (p.ws_heads != 1 || p.prewalk) {
     throw_launch_error("fused_walk: the specialised variant at dstate " + std::to_string(p.dstate) +
                        " walks one head per CTA without a pre-walk, got " + std::to_string(p.ws_heads) +
                        " heads per CTA" + (p.prewalk ? " and a pre-walk" : ""));
+  }
+  if (p.dstate > 256) {
+    if (p.fp16) launch_ws_typed<cutlass::half_t, 4, 1, 2>(p, maps, out_map, walks, stream);
+    else launch_ws_typed<cutlass::bfloat16_t, 4, 1, 2>(p, maps, out_map, walks, stream);
+    return;
   }
   if (p.fp16) launch_ws_typed<cutlass::half_t, 4, 1>(p, maps, out_map, walks, stream);
   else launch_ws_typed<cutlass::bfloat16_t, 4, 1>(p, maps, out_map, walks, stream);

@@ -403,8 +403,8 @@ TEST(Gpu, FusedWalk) {
       check_problem(c, "fused");
     }
   }
-  // (n < 0: dstate -n without z, the specialised kernel at dstate 129-256)
-  for (int64_t n : {128, 256, 512, -256}) {
+  // (n < 0: dstate -n without z, the specialised kernel in block slots, on two ranks at 512)
+  for (int64_t n : {128, 256, 512, -256, -512}) {
     ProblemConfig c = base_config();
     c.dstate = n < 0 ? -n : n;
     c.nheads = 8;
@@ -482,8 +482,10 @@ TEST(Gpu, FusedWalk) {
   // kernel (dstate <= 128 without seq_idx or z; many cases above run it too) at dstate 128 in 160
   // CTAs and in 16, in fp16 at dstate 112 with a partial last chunk, in one 64-column slice at
   // dstate 64 (a partial last chunk) and 48 (fp16), and in block slots at dstate 256 (a partial
-  // last chunk, 3 segments), 192 (fp16, its last slice past dstate) and 144; at dstate 256 in
-  // segments of 2 chunks the two-warpgroup kernel (kernels::fused_walk_specialized_segment).
+  // last chunk, 3 segments), 192 (fp16, its last slice past dstate) and 144, and on two ranks at
+  // dstate 512 (a partial last chunk, 3 segments), 320 (fp16, most of the second rank's columns
+  // past dstate) and 400; at dstate 256 and 512 in segments of 2 chunks the two-warpgroup kernel
+  // and its clusters (kernels::fused_walk_specialized_segment).
   using V = kernels::FusedWalkVariant;
   struct Variant {
     DType dtype;
@@ -508,7 +510,11 @@ TEST(Gpu, FusedWalk) {
                            Variant{bf16, 2, 8, 256, 128, 4096 - 5, 3, {}, false, V::kSpecialized},
                            Variant{fp16, 1, 8, 192, 128, 2048 + 3, 2, {}, false, V::kSpecialized},
                            Variant{bf16, 2, 4, 144, 128, 1500, 1, {}, false, V::kSpecialized},
-                           Variant{bf16, 4, 8, 256, 128, 1024, 4, {}, false, V::kOneWarpgroup}}) {
+                           Variant{bf16, 2, 4, 512, 128, 4096 - 5, 3, {}, false, V::kSpecialized},
+                           Variant{fp16, 1, 8, 320, 128, 2048 + 3, 2, {}, false, V::kSpecialized},
+                           Variant{bf16, 2, 4, 400, 128, 1500, 1, {}, false, V::kSpecialized},
+                           Variant{bf16, 4, 8, 256, 128, 1024, 4, {}, false, V::kOneWarpgroup},
+                           Variant{bf16, 2, 4, 512, 128, 1024, 4, {}, false, V::kOneWarpgroup}}) {
     // (the segments the shape reduces the count to: the fewest of the same length)
     const int64_t chunks = (v.seqlen + v.q - 1) / v.q, seg_chunks = (chunks + v.segments - 1) / v.segments;
     const int64_t nseg = (chunks + seg_chunks - 1) / seg_chunks;
@@ -651,8 +657,8 @@ TEST(Gpu, FusedWalkTwoHeadsPerCta) {
 // outputs. Each case first asserts, on the host, that a head keeps at least 2^-12 of its state over
 // a chunk. fused_walk's variants: one warpgroup (dstate 64 and 128, chunks of 64 and 128, seq_idx
 // and z, fp16, fp32 inputs), three CTAs per SM (1 row x 32 heads x 12 segments), two warpgroups
-// (dstate 96 and 256), clusters (dstate 512), the specialised one at dstate 256 (block slots, one
-// segment and three); the two kernels (dstate 128 and 256, fp16 at 64); and the varlen layout with
+// (dstate 96 and 256), clusters (dstate 512), the specialised one at dstate 256 and 512 (block
+// slots, one segment and three; 512 on two ranks); the two kernels (dstate 128 and 256, fp16 at 64); and the varlen layout with
 // dt_bias and softplus on both paths.
 TEST(Gpu, ModelDecays) {
   SKIP_WITHOUT_GPU();
@@ -669,7 +675,8 @@ TEST(Gpu, ModelDecays) {
                         Case{fp32, 1, 4, 64, 64, 1500, 1, 2, false}, Case{bf16, 1, 32, 64, 128, 3072 - 7, 12, 2, true},
                         Case{bf16, 2, 4, 96, 128, 1500, 3, 2, true}, Case{bf16, 2, 4, 256, 128, 3000 + 45, 2, 2, true},
                         Case{fp16, 1, 4, 256, 128, 2100, 1, 2, false}, Case{bf16, 2, 4, 256, 128, 4096 + 7, 3, 2, false},
-                        Case{bf16, 2, 4, 512, 128, 2100, 3, 2, true},
+                        Case{bf16, 2, 4, 512, 128, 2100, 3, 2, true}, Case{bf16, 2, 4, 512, 128, 4096 + 7, 3, 2, false},
+                        Case{fp16, 1, 4, 512, 128, 2100, 1, 2, false},
                         Case{bf16, 2, 4, 128, 128, 3000, 4, 1, true}, Case{bf16, 1, 4, 256, 256, 2000 + 9, 1, 1, false},
                         Case{fp16, 2, 4, 64, 64, 1500, 2, 1, true}}) {
     ProblemConfig c = base_config();
@@ -723,8 +730,8 @@ TEST(Gpu, ModelDecays) {
 // between two tokens of a chunk, exp(min(cum_t - cum_s, 0)), at 1 in S and in the state weights,
 // but not the state's, exp(cum_t). Both paths, fused_walk's variants (one warpgroup at dstate 64
 // and 128 with seq_idx and z, three CTAs per SM with seq_idx and z, two warpgroups, clusters, the
-// specialised one at dstate 128, 64 and 256: block 1 from H_s(start) and S_10 X_0, which keep block
-// 0's slot), model-like dt.
+// specialised one at dstate 128, 64, 256 and 512: block 1 from H_s(start) and S_10 X_0, which keep
+// block 0's slot), model-like dt.
 TEST(Gpu, PositiveA) {
   SKIP_WITHOUT_GPU();
   int seed = 2000;
@@ -736,7 +743,8 @@ TEST(Gpu, PositiveA) {
   for (const Case& k : {Case{4, 64, 128, 1500 + 3, 2, 2, true}, Case{4, 128, 64, 1000, 1, 2, false},
                         Case{32, 64, 128, 3072 - 7, 12, 2, true}, Case{4, 64, 128, 3000 + 1, 2, 2, false},
                         Case{4, 256, 128, 1500, 3, 2, true}, Case{4, 256, 128, 1500 + 3, 2, 2, false},
-                        Case{4, 256, 128, 4096, 1, 2, false}, Case{4, 512, 128, 900, 1, 2, false}, Case{4, 128, 128, 1500 + 3, 3, 1, true},
+                        Case{4, 256, 128, 4096, 1, 2, false}, Case{4, 512, 128, 900, 1, 2, false},
+                        Case{4, 512, 128, 1500 + 3, 2, 2, false}, Case{4, 128, 128, 1500 + 3, 3, 1, true},
                         Case{4, 128, 128, 1500 + 3, 2, 2, false},
                         // (the specialised kernel over 64 chunks: many chances for its A > 0
                         // barrier protocol to go wrong, scripts/ws_barrier_model.py)
@@ -759,7 +767,7 @@ TEST(Gpu, PositiveA) {
       ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, false,
                                                    kernels::FusedWalkVariant::kThreePerSm));
     }
-    if (k.seqlen == 8192 || ((k.n == 64 || k.n == 256) && k.q == 128 && !k.with_seq)) {
+    if (k.seqlen == 8192 || ((k.n == 64 || k.n == 256 || k.n == 512) && k.q == 128 && !k.with_seq)) {
       ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, true,
                                                    kernels::FusedWalkVariant::kSpecialized));
     }

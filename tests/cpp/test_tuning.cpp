@@ -64,7 +64,7 @@ TEST(TuningKey, SameClassSameKeyAndEachFieldMatters) {
   const ProblemConfig base = small_config();
   const std::string k = key_of(base);
   EXPECT_EQ(k, key_of(base));
-  EXPECT_EQ(k.rfind("k38|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
+  EXPECT_EQ(k.rfind("k39|", 0), 0u) << k;  // (the kernels' revision: entries of earlier builds do not apply)
   ProblemConfig c = base;
   c.seqlen = 280;  // same power-of-two bucket of tokens per row (512)
   EXPECT_EQ(key_of(c), k);
@@ -645,7 +645,8 @@ TEST(TuningHeuristic, SpecializedBlockSlots) {
   EXPECT_TRUE(kernels::fused_walk_specialized_segment(256, 4));
   EXPECT_TRUE(kernels::fused_walk_specialized_segment(128, 1));
   EXPECT_TRUE(kernels::fused_walk_specialized_shape(64, 256, 128));
-  EXPECT_FALSE(kernels::fused_walk_specialized_shape(64, 272, 128));
+  EXPECT_TRUE(kernels::fused_walk_specialized_shape(64, 512, 128));  // (two ranks)
+  EXPECT_FALSE(kernels::fused_walk_specialized_shape(64, 576, 128));
   // (16 chunks in 8 segments of 2: the two-warpgroup kernel's price, as with no specialised
   // kernel; in 2 of 8 the block slots' lower one)
   const detail::FusedWalkCall ws{32, 16, 4, 128, 132, 16, true, true, 1};
