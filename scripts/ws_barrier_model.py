@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """A model of the mbarrier protocol of fused_walk's specialised kernel (src/kernels/fused_walk_ws.cu),
-checked for deadlock over every interleaving of its three warpgroups. No GPU needed. Two forms:
-chunk slots (dstate <= 128: two chunks' tiles, refilled by the state warpgroup) and block slots
-(dstate 129-256: the chunk's two 64-token blocks, each in two parts, C_m B_m and X_m, that block
-m's output warpgroup refills once the state warpgroup, and for block 0 block 1's, are done with
-them too; the output staged in the block's H_s copy, released after the stores).
+checked for deadlock over every interleaving of its three warpgroups. No GPU needed. Three forms:
+chunk slots (dstate <= 128: two chunks' tiles, refilled by the state warpgroup), block slots
+(dstate 129-256: the chunk's two 64-token blocks' C_m B_m, each refilled by its block's output
+warpgroup once the state warpgroup, and for block 0 block 1's, are done with them too, and a
+ring of three X tiles, in which each block's output is staged in place before the tile is
+refilled), and block slots on two ranks (dstate 257-512: two CTAs of a cluster, each rank
+finishing one block with the other's partial; random schedules beyond one chunk).
 
 Each warpgroup is one actor whose program is the kernel's sequence of mbarrier waits, arrivals
 and load issues per chunk (its 128 threads' arrivals count as one arrival here; the kernel's
@@ -19,6 +21,7 @@ The model found the hang that design log v25 describes: with A > 0 (a_grows) blo
 H_s(start) and released H_s(mid) without waiting for it, so the output warpgroups could complete
 H_s(mid)'s phase before the state warpgroup's first wait for it.
 """
+import random
 import sys
 from collections import deque
 
@@ -29,14 +32,16 @@ def need(blocks):
     if not blocks:
         return {"full0": 1, "full1": 1, "empty0": 3, "empty1": 3, "hs_full0": 1, "hs_full1": 1, "hs_empty0": 2,
                 "hs_empty1": 2}
-    # (full/empty: the C_m B_m parts, fullx/emptyx the X_m parts; nb2: named barrier 2 of the two
-    # output warpgroups, a_grows only)
+    # (full/empty: the C_m B_m parts; fullx/emptyx: the X ring's three tiles, emptyx counting the
+    # readers but the tile's own block; two ranks: the partial's barriers, pfull its bytes and the
+    # receiver's arrival, pfree the receiver's; nb2: named barrier 2, a_grows on rank 0 of two)
     return {"full0": 1, "full1": 1, "empty0": 3, "empty1": 2, "hs_full0": 1, "hs_full1": 1, "hs_empty0": 2,
-            "hs_empty1": 1, "fullx0": 1, "fullx1": 1, "emptyx0": 3, "emptyx1": 2, "nb2": 2}
+            "hs_empty1": 1, "fullx0": 1, "fullx1": 1, "fullx2": 1, "emptyx0": 2, "emptyx1": 2, "emptyx2": 2,
+            "pfull": 2, "pfree": 1, "nb2": 2}
 
 
 NAMES = list(need(True))
-LANDS = {"cb0": "full0", "cb1": "full1", "x0": "fullx0", "x1": "fullx1", 0: "full0", 1: "full1"}
+LANDS = {"cb0": "full0", "cb1": "full1", "x0": "fullx0", "x1": "fullx1", "x2": "fullx2", 0: "full0", 1: "full1"}
 
 
 def state_program(n_chunks):
@@ -67,62 +72,118 @@ def output_program(n_chunks, m, a_grows, block1_waits_mid):
     return ops
 
 
+def x_ring(n):
+    """Tile n's slot (its barriers fullx / emptyx and its load tag) and the phase parity there."""
+    return str(n % 3), (n // 3) & 1
+
+
 def state_program_blocks(n_chunks):
-    """Block slots, warpgroup 0: loads both parts of both blocks of chunk 0, then per chunk
-    H_s(start), block 0's update and the release of its parts, H_s(mid), block 1's update and
-    the release of its parts."""
+    """Block slots, warpgroup 0: loads C_m B_m of both blocks of chunk 0 and X tiles 0-2, then per
+    chunk H_s(start), block 0's update and the release of its C_0 B_0 and X tile, H_s(mid), block
+    1's update and the release of its."""
     ops = [("issue", "cb0"), ("issue", "x0"), ("issue", "cb1"), ("issue", "x1")] if n_chunks > 0 else []
+    if n_chunks > 1:
+        ops += [("issue", "x2")]
     for c in range(n_chunks):
         ph = c & 1
-        ops += [("wait", "hs_empty0", ph ^ 1), ("wait", "full0", ph), ("arrive", "hs_full0"), ("wait", "fullx0", ph),
-                ("arrive", "empty0"), ("arrive", "emptyx0"), ("wait", "hs_empty1", ph ^ 1), ("arrive", "hs_full1"),
-                ("wait", "full1", ph), ("wait", "fullx1", ph), ("arrive", "empty1"), ("arrive", "emptyx1")]
+        (s0, p0), (s1, p1) = x_ring(2 * c), x_ring(2 * c + 1)
+        ops += [("wait", "hs_empty0", ph ^ 1), ("wait", "full0", ph), ("arrive", "hs_full0"), ("wait", "fullx" + s0, p0),
+                ("arrive", "empty0"), ("arrive", "emptyx" + s0), ("wait", "hs_empty1", ph ^ 1), ("arrive", "hs_full1"),
+                ("wait", "full1", ph), ("wait", "fullx" + s1, p1), ("arrive", "empty1"), ("arrive", "emptyx" + s1)]
     return ops
 
 
-def output_program_blocks(n_chunks, m, a_grows):
+def output_program_blocks(n_chunks, m, a_grows, ranks=1, rank=0, other=None):
     """Block slots, warpgroup 1 + m: block m of every chunk. Each part is released once read,
     after the wait for it (so that the arrival counts for this chunk's phase), and refilled by
-    this warpgroup once every reader has released it: C_m B_m after C H^T and C B^T, X_m after the
-    epilogue; H_s copy m after the stores staged in it. Block 1 also reads block 0's meta (with
-    its C_0 B_0 part) and with a_grows its B_0, X_0 and H_s(start), else releases them at once;
-    block 0 then stages in H_s(start) only after block 1's C H^T (named barrier 2)."""
+    this warpgroup once every reader has released it: C_m B_m after C H^T and C B^T; its X tile
+    (n = 2 c + m) once the other readers have (emptyx), after the output staged in it has been
+    stored, with tile n + 3. H_s copy m after C H^T. Block 1 also reads block 0's meta (with its
+    C_0 B_0) and with a_grows its B_0, X_0 and H_s(start), else releases them at once; block 0
+    releases X_1 without reading it. Two ranks (rank r finishes block r; `other`: the barrier
+    names of the other rank): the sender of block m waits for the receiver's pfree, sends (the
+    bytes land on the receiver's pfull) and stages nothing; the receiver arrives on the sender's
+    pfree after C H^T (block 0 with a_grows once block 1 has read H_s(start): nb2), waits for
+    the partial and releases its H_s copy m after reading it."""
     ops = []
+    sends = ranks == 2 and m != rank
+    receives = ranks == 2 and m == rank
     for c in range(n_chunks):
         ph = c & 1
         more = c + 1 < n_chunks
+        n = 2 * c + m
+        sx, px = x_ring(n)
 
         def refill(part, bar):
             return [("wait", bar, ph), ("issue", part)] if more else []
 
+        def h_s_read(copy):  # (H_s copy m read by C H^T: released, or for the receiver, pfree)
+            if not receives:
+                return [("arrive", "hs_empty%d" % copy)]
+            out = [("arrive", "nb2"), ("wait", "nb2", ph)] if (m == 0 and a_grows) else []
+            return out + [("arrive", other["pfree"])]
+
         if m == 0:
-            ops += [("wait", "full0", ph), ("wait", "hs_full0", ph), ("arrive", "empty0")] + refill("cb0", "empty0")
-            ops += [("wait", "fullx0", ph)]
-            if a_grows:
-                ops += [("arrive", "nb2"), ("wait", "nb2", ph)]
-            ops += [("arrive", "emptyx0")] + refill("x0", "emptyx0") + [("arrive", "hs_empty0")]
+            ops += [("wait", "full0", ph), ("arrive", "emptyx" + x_ring(n + 1)[0]), ("wait", "hs_full0", ph),
+                    ("arrive", "empty0")] + refill("cb0", "empty0") + h_s_read(0)
         else:
+            s0, p0 = x_ring(n - 1)
             ops += [("wait", "full1", ph), ("wait", "full0", ph)] + ([] if a_grows else [("arrive", "empty0")])
-            ops += [("wait", "hs_full1", ph), ("wait", "fullx0", ph)]
+            ops += [("wait", "hs_full1", ph), ("wait", "fullx" + s0, p0)]
             if not a_grows:
-                ops += [("arrive", "emptyx0"), ("arrive", "hs_empty0"), ("arrive", "empty1")] + refill("cb1", "empty1")
+                ops += [("arrive", "emptyx" + s0), ("arrive", "hs_empty0"), ("arrive", "empty1")] + refill("cb1", "empty1")
+                ops += h_s_read(1)
             else:
-                ops += [("arrive", "empty0"), ("arrive", "hs_empty0"), ("arrive", "nb2"), ("arrive", "emptyx0"),
-                        ("arrive", "empty1")] + refill("cb1", "empty1")
-            ops += [("wait", "fullx1", ph), ("arrive", "emptyx1")] + refill("x1", "emptyx1") + [("arrive", "hs_empty1")]
+                ops += [("arrive", "empty0"), ("arrive", "hs_empty0")]
+                ops += [("arrive", "nb2")] if (ranks == 2 and rank == 0) else []
+                ops += h_s_read(1) + [("arrive", "emptyx" + s0), ("arrive", "empty1")] + refill("cb1", "empty1")
+        ops += [("wait", "fullx" + sx, px)]
+        if sends:
+            ops += [("wait", "pfree", ph), ("send", other["pfull"])]
+        elif receives:
+            ops += [("arrive", "pfull"), ("wait", "pfull", ph), ("arrive", "hs_empty%d" % m)]
+        ops += [("wait", "emptyx" + sx, px)]
+        if (n + 3) // 2 < n_chunks:
+            ops += [("issue", "x" + x_ring(n + 3)[0])]
     return ops
 
 
-def find_deadlock(n_chunks, a_grows, block1_waits_mid=True, blocks=False):
-    """None if every interleaving finishes, else a description of a state where no actor can move."""
-    if blocks:
+def qualified(ops, prefix):
+    """The program's barrier names and load tags with its rank's prefix (names with a ':' are
+    another rank's already)."""
+    def q(x):
+        return x if not isinstance(x, str) or ":" in x else prefix + x
+    return [(op[0], q(op[1])) + tuple(op[2:]) for op in ops]
+
+
+def find_deadlock(n_chunks, a_grows, block1_waits_mid=True, blocks=False, ranks=1, runs=0, seed=1, mutate=None):
+    """None if every interleaving finishes, else a description of a state where no actor can move.
+    ranks 2 (block slots): the two CTAs of a cluster, each of three warpgroups; their interleavings
+    are too many to visit beyond one chunk, so with runs > 0 that many random schedules are run to
+    their end instead (each move, load landing included, equally likely at every step). mutate:
+    applied to the list of programs (and their names) before the search, for testing the checker."""
+    if ranks == 2:
+        progs, who = [], []
+        for r in (0, 1):
+            other = {"pfull": "r%d:pfull" % (1 - r), "pfree": "r%d:pfree" % (1 - r)}
+            progs.append(qualified(state_program_blocks(n_chunks), "r%d:" % r))
+            progs += [qualified(output_program_blocks(n_chunks, m, a_grows, 2, r, other), "r%d:" % r) for m in (0, 1)]
+            who += ["rank %d state:" % r, "rank %d block 0:" % r, "rank %d block 1:" % r]
+        needs = {"r%d:%s" % (r, k): v for r in (0, 1) for k, v in need(True).items()}
+    elif blocks:
         progs = [state_program_blocks(n_chunks)] + [output_program_blocks(n_chunks, m, a_grows) for m in (0, 1)]
+        needs, who = need(True), ["state:", "block 0:", "block 1:"]
     else:
         progs = [state_program(n_chunks)] + [output_program(n_chunks, m, a_grows, block1_waits_mid) for m in (0, 1)]
-    needs = need(blocks)
-    start = (tuple(0 for _ in progs), tuple((0, 0) for _ in NAMES), frozenset())  # program counters, barriers, loads in flight
+        needs, who = need(False), ["state:", "block 0:", "block 1:"]
+    if mutate is not None:
+        progs = mutate(progs)
+    names = list(needs)
+    index = {k: i for i, k in enumerate(names)}
+    start = (tuple(0 for _ in progs), tuple((0, 0) for _ in names), frozenset())  # program counters, barriers, loads in flight
     seen = {start}
     todo = deque([start])
+    rng = random.Random(seed)
     while todo:
         pcs, bars, loads = todo.popleft()
         moves = []
@@ -132,26 +193,36 @@ def find_deadlock(n_chunks, a_grows, block1_waits_mid=True, blocks=False):
             op = prog[pcs[a]]
             nb, nl = list(bars), set(loads)
             if op[0] == "wait":
-                if bars[NAMES.index(op[1])][0] % 2 == op[2]:
+                if bars[index[op[1]]][0] % 2 == op[2]:
                     continue  # blocked
             elif op[0] == "arrive":
-                i = NAMES.index(op[1])
+                i = index[op[1]]
                 k, count = nb[i]
                 nb[i] = (k + 1, 0) if count + 1 == needs[op[1]] else (k, count + 1)
-            else:
+            else:  # a TMA load or a partial sent: in flight until it lands
                 nl.add(op[1])
             npcs = list(pcs)
             npcs[a] += 1
             moves.append((tuple(npcs), tuple(nb), frozenset(nl)))
-        for slot in loads:  # a load in flight lands
+        for tag in loads:  # a load in flight lands (its bytes: one arrival)
             nb = list(bars)
-            i = NAMES.index(LANDS[slot])
-            nb[i] = (nb[i][0] + 1, 0)
-            moves.append((pcs, tuple(nb), loads - {slot}))
+            pre, _, base = tag.rpartition(":") if isinstance(tag, str) else ("", "", tag)
+            bar = (pre + ":" if pre else "") + (LANDS[base] if base in LANDS else base)
+            i = index[bar]
+            k, count = nb[i]
+            nb[i] = (k + 1, 0) if count + 1 == needs[bar] else (k, count + 1)
+            moves.append((pcs, tuple(nb), loads - {tag}))
         if not moves and any(pcs[a] < len(p) for a, p in enumerate(progs)):
             return "stuck at " + ", ".join(
-                "%s %s" % (who, progs[a][pcs[a]] if pcs[a] < len(progs[a]) else "done")
-                for a, who in enumerate(("state:", "block 0:", "block 1:")))
+                "%s %s" % (w, progs[a][pcs[a]] if pcs[a] < len(progs[a]) else "done") for a, w in enumerate(who))
+        if runs > 0:  # one random step; a finished run starts the next
+            if moves:
+                todo.append(rng.choice(moves))
+            else:
+                runs -= 1
+                if runs > 0:
+                    todo.append(start)
+            continue
         for nxt in moves:
             if nxt not in seen:
                 seen.add(nxt)
@@ -170,6 +241,11 @@ def main():
                 bad |= fixed and d is not None
             d = find_deadlock(n, a_grows, blocks=True)
             print("chunks %d, A %s 0, block slots: %s" % (n, ">" if a_grows else "<=", d or "no deadlock"))
+            bad |= d is not None
+            # (two CTAs of six warpgroups: every interleaving of one chunk, random ones beyond)
+            d = find_deadlock(n, a_grows, ranks=2, runs=0 if n == 1 else 3000)
+            print("chunks %d, A %s 0, block slots on two ranks%s: %s" %
+                  (n, ">" if a_grows else "<=", "" if n == 1 else " (3000 random schedules)", d or "no deadlock"))
             bad |= d is not None
     return 1 if bad else 0
 

@@ -448,17 +448,19 @@ inline KernelConfig heuristic_config(const ProblemShape& s, int64_t walks, bool 
   // 192-512 at 2-8 chunks, 1.06-1.29x for dstate 320-448 at 4-32 chunks (dstate 384, 16 x 2K
   // 253 -> 211). The two kernels stay ahead only for dstate 384 over 128 chunks (4 x 16K: 445
   // against 458), where fused_walk's two CTAs per walk cost what they do at dstate 512 and the
-  // two kernels' time grows with dstate (v17).
-  const bool fused_pays = !(s.dstate > 256 && s.dstate < 448 && chunks_per_walk >= 64);
+  // two kernels' time grows with dstate (v17). The specialised kernel on two ranks beats them
+  // there too (4 rows x 8 heads in 2 segments: dstate 272 at 16K 380 against 443 us, 320 397
+  // against 460, 384 355 against 443, at 64K 1.358 against 1.719 ms; H200, design log v39).
+  // (the segments of the kernel that runs: with seq_idx, z or an fp32 output the others run.
+  // Counted for them (16 / 8 / 8 segments at the anchor's 64K / 16K / 4K against 8 / 4 / 4),
+  // dstate 128 calls with seq_idx were 3.6-17.5% faster at 4K, 16K and on the 2.7B layer and
+  // 2.6% slower at 64K, with z 7.5% faster at 16K (H200, v29); until v28 the specialised
+  // kernel's counts applied to them all)
+  const bool specialized =
+      specialized_options && kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size);
+  const bool fused_pays = specialized || !(s.dstate > 256 && s.dstate < 448 && chunks_per_walk >= 64);
   if (fused_walk_applies(s) && (fused_walk == 2 || (fused_walk == 0 && fused_pays))) {
     c.fused_walk = 2;
-    // (the segments of the kernel that runs: with seq_idx, z or an fp32 output the others run.
-    // Counted for them (16 / 8 / 8 segments at the anchor's 64K / 16K / 4K against 8 / 4 / 4),
-    // dstate 128 calls with seq_idx were 3.6-17.5% faster at 4K, 16K and on the 2.7B layer and
-    // 2.6% slower at 64K, with z 7.5% faster at 16K (H200, v29); until v28 the specialised
-    // kernel's counts applied to them all)
-    const bool specialized =
-        specialized_options && kernels::fused_walk_specialized_shape(s.headdim, s.dstate, s.chunk_size);
     // (the sums split into parts in the batched layout only: its walks are the rows)
     FusedWalkCall call{walk_heads,       chunks_per_walk, (s.dstate + 63) / 64, s.chunk_size, sm_count, max_segments,
                        specialized,      walks == s.batch, 1};

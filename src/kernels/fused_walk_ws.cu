@@ -17,8 +17,9 @@ using namespace chunk_out;
 using namespace fused_walk_parts;
 namespace st = state_tile;
 
-// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate <= 256 (one, two or
-// four 64-column slices, NK), chunks of 128, the batched layout without seq_idx, out by TMA stores.
+// ---- The warp-specialised walk (FusedWalkVariant::kSpecialized): dstate <= 512 (one, two or
+// four 64-column slices, NK; above 256 on two CTAs), chunks of 128, the batched layout without
+// seq_idx, out by TMA stores.
 // One CTA of three warpgroups per SM, walking one head or, at dstate <= 64, HP = 2 heads of one
 // group (SsdParams::ws_heads): those share each chunk's C and B tiles and C_m B_m^T, and every
 // part below runs once per head (two states, two H_s copies, two outputs per block).
@@ -33,18 +34,21 @@ namespace st = state_tile;
 // staging buffer of its own for the TMA stores, which are waited for a chunk later. The output
 // warpgroups take the registers the state one does not need (setmaxnreg).
 // At dstate 129-256 (NK = 4) two chunks' tiles do not fit (2 x 145 KB): the buffer's two slots are
-// the chunk's two 64-token blocks instead (kBlockSlots, one head per CTA), each in two parts with
-// barriers of their own, C_m and B_m (read by C H^T, C B^T and the state's update) and X_m (read
-// up to the epilogue's D x), and each part refilled with the next chunk's by the block's output
-// warpgroup once its readers are done: C_m and B_m's load runs under S X and the epilogue. The
-// output is staged in the block's H_s copy, which C H^T has read by then (there is no room for a
-// staging buffer). The 64 x 256 state takes 128 accumulator registers.
+// the chunk's two 64-token blocks instead (kBlockSlots, one head per CTA), holding C_m and B_m
+// (read by C H^T, C B^T and the state's update), which the block's output warpgroup refills with
+// the next chunk's once its readers are done (the load runs under S X and the epilogue). The X
+// tiles have a ring of three (tile n = 2 li + m at n % 3): there is no room for a staging buffer,
+// so each block's output is staged in place in its X tile (D x read first) and the tile refilled
+// with tile n + 3 once the stores have read it, while the block's next X has landed in another
+// (the staging in the block's H_s copy, with X_m in one tile per block, held H_s(start) for
+// block 0's stores and kept the state warpgroup's next chunk behind them: 3-5% slower, v39). The
+// 64 x 256 state takes 128 accumulator registers.
 // At dstate 257-512 two CTAs of a cluster (ranks, kRanks = 2) walk each head, rank r holding state
 // columns 256 r .. 256 r + 255 in that block-slot form, as fused_walk_kernel's clusters do: each
 // rank's output warpgroups compute both blocks' outputs over its columns, and block m is finished
 // by rank m, whose warpgroup of block m adds the 64 x 64 fp32 partial that the other rank's sends
-// (st.async) into slices 1-2 of its H_s copy m, free once its C H^T has read them (slice 0 takes
-// the output's staging); the sender stages nothing and stores nothing.
+// (st.async) into slices 1-2 of its H_s copy m, free once its C H^T has read them and released
+// once the partial is read; the sender stages nothing and stores nothing.
 // (registers: state + 2 x output <= 3 x 168, 64K per SM; two heads per CTA take 8 more for the state)
 template <int NK, int HP>
 constexpr int kWsStateRegs = NK == 4 ? 192 : HP == 1 ? 144 : 152;
@@ -58,7 +62,8 @@ struct WsLayout {
   using F = Fused<T, NK, 1>;
   static constexpr int kQ = 128;
   static constexpr bool kBlockSlots = kWsBlockSlots<NK>;
-  static constexpr int kBlockBytes = (2 * NK + HP) * F::kSlice;  // block m: C_m, B_m slices, X_m of each head
+  // block m: C_m, B_m slices, X_m of each head (block slots: X in a ring of its own, below)
+  static constexpr int kBlockBytes = (2 * NK + (kBlockSlots ? 0 : HP)) * F::kSlice;
   static constexpr int kMetaBytes = 3 * kQ * 4;                   // a head's cum, dt' (then e), w
   // A slot: blocks 0, 1 and the meta of a chunk; with block slots one block, the meta of the
   // chunks of even and odd rank after both slots (it lands with block 0; block 1's output
@@ -68,15 +73,21 @@ struct WsLayout {
   static constexpr int kMetaRing = kBlockSlots ? (2 * HP * kMetaBytes + 1023) / 1024 * 1024 : 0;
   static constexpr int kHsBytes = HP * NK * F::kSlice;  // a copy of H_s: head i at i NK slices
   static constexpr int kStageBytes = kM * kN * 2;       // an output block in T
-  // [slot 0][slot 1]([meta 0][meta 1])[H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at HP w + i;
-  // none with block slots][D: HP x 64][mbarriers: 8, 12 with block slots, 14 with two ranks]
-  static constexpr int kHs = 2 * kSlotBytes + kMetaRing;
+  // Block slots: the X tiles in a ring of three, tile n (2 li + m: block m of the chunk of load
+  // index li) at n % 3, so that a block's next X lands while its output still stages in this one.
+  static constexpr int kXRing = 2 * kSlotBytes + kMetaRing;
+  static constexpr int kXRingBytes = kBlockSlots ? 3 * F::kSlice : 0;
+  static constexpr int x_tile(int n) { return kXRing + (n % 3) * F::kSlice; }
+  static constexpr uint32_t x_phase(int n) { return static_cast<uint32_t>(n / 3) & 1u; }  // (of its barriers)
+  // [slot 0][slot 1]([meta 0][meta 1][X ring])[H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at
+  // HP w + i; none with block slots][D: HP x 64][mbarriers: 8, 14 with block slots, 16 with two ranks]
+  static constexpr int kHs = 2 * kSlotBytes + kMetaRing + kXRingBytes;
   static constexpr int kStage = kHs + 2 * kHsBytes;
   static constexpr int kD = kStage + (kBlockSlots ? 0 : 2 * HP * kStageBytes);
   static_assert(!kBlockSlots || HP == 1, "block slots: one head per CTA");
   static_assert(kRanks == 1 || kBlockSlots, "two ranks: block slots");
   static constexpr int kBars = kD + HP * 64 * 4;
-  static constexpr int kBytes = 1024 + kBars + (kBlockSlots ? 12 + 2 * (kRanks - 1) : 8) * 8;
+  static constexpr int kBytes = 1024 + kBars + (kBlockSlots ? 14 + 2 * (kRanks - 1) : 8) * 8;
 };
 
 // A warpgroup's registers from the launch's 168 (3 x 128 threads in 64K) to N: decreased by the
@@ -136,16 +147,20 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   uint64_t* empty = bars + 2;     // [slot]: every thread that reads the slot is done with it
   uint64_t* hs_full = bars + 4;   // [slot]: H_s written (the state warpgroup)
   uint64_t* hs_empty = bars + 6;  // [slot]: C H^T has read it (the output warpgroups)
-  // Block slots: full and empty are the C_m and B_m parts' (block 0's with the chunk's meta);
-  // X_m's part has its own. H_s copy m is released once block m's output stored from it (and
-  // copy 0 once block 1's C H^T read it too).
-  uint64_t* full_x = kBlocks ? bars + 8 : nullptr;    // [block]: X_m landed
-  uint64_t* empty_x = kBlocks ? bars + 10 : nullptr;  // [block]: every reader of X_m is done with it
+  // Block slots: full and empty are block m's C_m and B_m (block 0's with the chunk's meta); H_s
+  // copy m is released once block m's C H^T has read it (copy 0 once block 1's has too; two
+  // ranks: the receiver's once it has read the partial there).
+  // Block slots: the X ring's, [n % 3] for tile n: full_x its bytes, empty_x the readers of tile n
+  // but its block's warpgroup (the state warpgroup, and the other block's: block 1 reads X_0 with
+  // a_grows and arrives either way, block 0 arrives for X_1 without reading it) are done with it;
+  // its block's warpgroup then stages the output in it and refills it with tile n + 3.
+  uint64_t* full_x = kBlocks ? bars + 8 : nullptr;
+  uint64_t* empty_x = kBlocks ? bars + 11 : nullptr;
   // Two ranks: part_full, the other rank's partial of this rank's block landed (its bytes, with one
   // arrival by the receiving warpgroup); part_free, the other rank's warpgroup of the block this
   // rank sends has read the H_s copy that takes it (128 arrivals from there).
-  uint64_t* part_full = kRanks > 1 ? bars + 12 : nullptr;
-  uint64_t* part_free = kRanks > 1 ? bars + 13 : nullptr;
+  uint64_t* part_full = kRanks > 1 ? bars + 14 : nullptr;
+  uint64_t* part_free = kRanks > 1 ? bars + 15 : nullptr;
   float* s_d = reinterpret_cast<float*>(smem + L::kD);  // [head][p]
   if (tid == 0) {
     for (int s = 0; s < 2; ++s) {
@@ -153,9 +168,11 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       tma::mbar_init(empty + s, (kBlocks && s == 1 ? 2 : 3) * kThreads);  // (block 1: not read by block 0's)
       tma::mbar_init(hs_full + s, kThreads);
       tma::mbar_init(hs_empty + s, (kBlocks && s == 1 ? 1 : 2) * kThreads);
-      if constexpr (kBlocks) {
+    }
+    if constexpr (kBlocks) {
+      for (int s = 0; s < 3; ++s) {
         tma::mbar_init(full_x + s, 1);
-        tma::mbar_init(empty_x + s, (s == 1 ? 2 : 3) * kThreads);
+        tma::mbar_init(empty_x + s, 2 * kThreads);
       }
     }
     if constexpr (kRanks > 1) {
@@ -203,11 +220,13 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
     }
   };
-  auto load_x = [&](int li, int m) {
-    const ChunkInfo ci = walk_chunk(p, walk, c_first + li);
-    tma::mbar_arrive_expect(full_x + m, F::kSlice);
-    tma::load_4d(&maps.x, full_x + m, smem + m * L::kBlockBytes + 2 * NK * F::kSlice, 0,
-                 static_cast<int>(ci.tok0) + m * kM, static_cast<int>(h0), static_cast<int>(walk.row));
+  // (tile n: X of block n % 2 of the chunk of load index n / 2, into the ring)
+  auto load_x = [&](int n) {
+    const ChunkInfo ci = walk_chunk(p, walk, c_first + n / 2);
+    uint64_t* bar = full_x + n % 3;
+    tma::mbar_arrive_expect(bar, F::kSlice);
+    tma::load_4d(&maps.x, bar, smem + L::x_tile(n), 0, static_cast<int>(ci.tok0) + (n % 2) * kM, static_cast<int>(h0),
+                 static_cast<int>(walk.row));
   };
 
   if (wg == 0) {
@@ -247,10 +266,11 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       if constexpr (kBlocks) {
         if (n_total > 0) {
           load_cb(0, 0);
-          load_x(0, 0);
+          load_x(0);
           load_cb(0, 1);
-          load_x(0, 1);
+          load_x(1);
         }
+        if (n_total > 1) load_x(2);
       } else {
         if (n_total > 0) issue_chunk(0);
         if (n_total > 1) issue_chunk(1);
@@ -301,15 +321,16 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         warpgroup_fence_operand(hacc[i]);
       }
     };
-    // The same with the weights of the chunk's meta at `meta` (block slots: in the ring).
-    auto update_w = [&](const char* buf, const float* meta, int mu, const float (&s)[HP]) {
+    // The same with the block's X tile at `x` and the weights of the chunk's meta at `meta` (block
+    // slots: both in their rings).
+    auto update_w = [&](const char* buf, const char* x, const float* meta, int mu, const float (&s)[HP]) {
       Tensor sBn = make_tensor(
           make_smem_ptr(reinterpret_cast<T*>(const_cast<char*>(buf) + mu * L::kBlockBytes + NK * F::kSlice)),
           typename F::LayoutBn{});
       warpgroup_fence_operand(hacc[0]);
 #pragma unroll
       for (int v = 0; v < F::kAccVals; ++v) hacc[0](v) *= s[0];
-      load_xt<T>(mma_up, wtid, xw, x_of(buf, mu, 0));
+      load_xt<T>(mma_up, wtid, xw, x);
       scale_xt<T>(xw, x_tok, meta + 2 * q + mu * kM);
       issue_update_wgmma(mma_up, thr_up, xw, sBn, hacc[0]);
       warpgroup_wait<0>();
@@ -346,8 +367,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       tma::mbar_arrive(empty + (i & 1));
     }
     if constexpr (kBlocks) {
-      // Block slots: each block's two parts (C_m B_m, X_m) are released after the update with
-      // it; the output warpgroups refill them. The chunk's meta is in the ring (meta_buf).
+      // Block slots: each block's C_m B_m and X tile are released after the update with it; the
+      // output warpgroups refill them. The chunk's meta is in its ring (meta_buf), X in the X ring.
 #pragma unroll 1
       for (int c_rel = 0; c_rel < n_local; ++c_rel) {
         const int64_t c = c_begin + c_rel;
@@ -366,20 +387,21 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         named_barrier_sync(1, kThreads);  // (block 0's weights written)
         const float cum_mid = meta[kM - 1];
         const float s0[1] = {a_grows[0] ? carry : fast_exp2(cum_mid)};
-        tma::mbar_wait(full_x, ph);
-        update_w(smem, meta, 0, s0);
+        const int n0 = 2 * c_rel;  // (block 0's X tile)
+        tma::mbar_wait(full_x + n0 % 3, L::x_phase(n0));
+        update_w(smem, smem + L::x_tile(n0), meta, 0, s0);
         fence_async_shared();  // (block 0's X read by ldmatrix)
         tma::mbar_arrive(empty);
-        tma::mbar_arrive(empty_x);
+        tma::mbar_arrive(empty_x + n0 % 3);
         write_hs(1, ph);
         tma::mbar_arrive(hs_full + 1);
         tma::mbar_wait(full + 1, ph);
-        tma::mbar_wait(full_x + 1, ph);
+        tma::mbar_wait(full_x + (n0 + 1) % 3, L::x_phase(n0 + 1));
         const float s1[1] = {a_grows[0] ? 1.0f : fast_exp2(meta[q - 1] - cum_mid)};
-        update_w(smem, meta, 1, s1);
+        update_w(smem, smem + L::x_tile(n0 + 1), meta, 1, s1);
         fence_async_shared();
         tma::mbar_arrive(empty + 1);
-        tma::mbar_arrive(empty_x + 1);
+        tma::mbar_arrive(empty_x + (n0 + 1) % 3);
         if (p.states != nullptr) {
           char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h0 * p.st_sh) *
                                                          (int64_t)dtype_size_dev(p.state_dtype);
@@ -517,6 +539,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         tma::mbar_wait(full, ph);
         if (j_low == 1) tma::mbar_arrive(empty);
       }
+      // (block 0 for X_1, which it does not read: the ring's previous tile in that slot, X_0 of
+      // the chunk before, was waited for by this warpgroup, which orders the arrival after it)
+      if (m == 0) tma::mbar_arrive(empty_x + (2 * li + 1) % 3);
     }
     // Block m waits for H_s slot m, block 1 with a_grows too, where it reads H_s(start) (written
     // before H_s(mid), whose signal releases both): its release of H_s(mid) below must follow the
@@ -527,9 +552,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     if constexpr (kBlocks) {
       // (X_0 landed before the state's update with it, which H_s(mid) follows)
       if (m == 1) {
-        tma::mbar_wait(full_x, ph);
+        tma::mbar_wait(full_x + (2 * li) % 3, L::x_phase(2 * li));
         if (j_low == 1) {
-          tma::mbar_arrive(empty_x);
+          tma::mbar_arrive(empty_x + (2 * li) % 3);
           tma::mbar_arrive(hs_empty);
         }
       }
@@ -576,7 +601,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       warpgroup_fence_operand(sf);
     };
     auto issue_sx = [&](int i, int j) {
-      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(x_of(buf, j, i))), typename Tr::LayoutX{});
+      const char* x_j = kBlocks ? smem + L::x_tile(2 * li + j) : x_of(buf, j, i);
+      Tensor sX = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(x_j)), typename Tr::LayoutX{});
       wgmma_k(mma_sx, sf, thr_sx.partition_fragment_B(sX), acc[i], false);
     };
     // (one head: its first decays under C H^T and C B^T; two: each head's decays right before its
@@ -591,8 +617,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
     if constexpr (kBlocks) {
       // C H^T and C B^T have read C_m, B_m (a_grows, block 1: B_0, and C_m again in C_1 B_1^T
-      // below) and H_s: the C_m and B_m part refilled, and a_grows block 1 releases H_s(start)
-      // (block 0 stages its output there once that is done: named barrier 2).
+      // below) and H_s: the C_m and B_m part refilled, and H_s copy m released (a_grows, block 1:
+      // H_s(start) too), but with two ranks the receiver's, which takes the partial (below).
       if (m == 0 || j_low == 1) {
         // (C_m and B_m released, and once every reader has, refilled with the next chunk's)
         tma::mbar_arrive(empty + m);
@@ -604,17 +630,15 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       } else {
         tma::mbar_arrive(empty);
         tma::mbar_arrive(hs_empty);
-        if (kRanks == 1 || rank_now() == 0) named_barrier_arrive(2, 2 * kThreads);  // (block 0 stages here)
+        if (kRanks > 1 && rank_now() == 0) named_barrier_arrive(2, 2 * kThreads);  // (block 0 receives there)
       }
-      if constexpr (kRanks > 1) {
-        if (m == rank_now()) {
-          // Slices 1-2 of H_s copy m may take the other rank's partial (block 0 with a_grows: once
-          // block 1 has read H_s(start) too; its wait before the staging is then this one).
-          if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
-          tma::mbar_arrive_cluster(tma::cluster_addr(part_free, 1 - m));
-        } else {
-          tma::mbar_arrive(hs_empty + m);  // (the sender stages nothing in its copy)
-        }
+      if (kRanks == 1 || m != rank_now()) {
+        tma::mbar_arrive(hs_empty + m);
+      } else {
+        // Slices 1-2 of H_s copy m may take the other rank's partial (block 0 with a_grows: once
+        // block 1 has read H_s(start) too).
+        if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
+        tma::mbar_arrive_cluster(tma::cluster_addr(part_free, 1 - m));
       }
     } else {
       // C H^T has read H_s: both warpgroups release both slots (so a_grows needs no other count),
@@ -637,7 +661,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       for (int i = 0; i < HP; ++i) {
         if (j < j_first[i]) continue;
         if constexpr (kBlocks) {
-          if (j == m) tma::mbar_wait(full_x + m, ph);  // (block 1 with a_grows: X_0 waited for above)
+          if (j == m) tma::mbar_wait(full_x + (2 * li + m) % 3, L::x_phase(2 * li + m));  // (X_0: waited for above)
           warpgroup_wait<0>();
           const float* s_e = cum_of(meta_c, i) + q + j * kN;
           if (j == m) s_from_cb<true, T>(sf, cb, s_e, a_grows[i], ct0[i], ct1[i], t0 - j * kN, t1 - j * kN, lane);
@@ -655,7 +679,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       }
       if (j == m) break;
       warpgroup_wait<0>();
-      if constexpr (kBlocks) tma::mbar_arrive(empty_x);  // (a_grows: S_10 X_0 read X_0)
+      if constexpr (kBlocks) tma::mbar_arrive(empty_x + (2 * li) % 3);  // (a_grows: S_10 X_0 read X_0)
       warpgroup_fence_operand(cb);
       warpgroup_arrive();
       issue_cb(j + 1);
@@ -675,13 +699,19 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 #pragma unroll
     for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
     if constexpr (kBlocks) {
-      // Staged in the block's H_s copy (slice 0), which C H^T has read (a_grows, block 0: block
-      // 1's too); X_m's part refilled after the epilogue's D x, the H_s copy released once the
-      // stores have read it.
+      // The output staged in place in the block's X tile (the epilogue reads each value of X for
+      // D x before it writes the output there), once the tile's other readers are done with it
+      // (empty_x); the tile refilled with tile n + 3 once the stores have read it.
+      const int n = 2 * li + m;
+      char* x_m = smem + L::x_tile(n);
+      auto refill_x = [&]() {
+        if (wtid == 0 && (n + 3) / 2 < n_total) load_x(n + 3);
+        __syncwarp();
+      };
       if constexpr (kRanks > 1) {
-        // Block m is rank m's: the other rank's warpgroup sends its partial and refills X_m (the
-        // partial's wait: the receiver's part_free arrival of this chunk, in slices 1-2 of its
-        // copy m), this rank's adds it (fragment order) before the epilogue.
+        // Block m is rank m's: the other rank's warpgroup sends its partial, this rank's adds it
+        // (fragment order) before the epilogue and then releases its H_s copy m. (The send waits
+        // for the receiver's part_free arrival of this chunk: its slices 1-2 of copy m free.)
         constexpr int kVals = decltype(size(acc[0]))::value;
         float* s_part = reinterpret_cast<float*>(hs_of(m, 0) + F::kSlice);
         if (m != rank_now()) {
@@ -692,12 +722,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
             tma::cluster_store_async(dst + ((v / 4) * kThreads + wtid) * 16,
                                      make_float4(acc[0](v), acc[0](v + 1), acc[0](v + 2), acc[0](v + 3)), bar);
           }
-          tma::mbar_arrive(empty_x + m);
-          if (wtid == 0 && li + 1 < n_total) {
-            tma::mbar_wait(empty_x + m, ph);
-            load_x(li + 1, m);
-          }
-          __syncwarp();
+          tma::mbar_wait(empty_x + n % 3, L::x_phase(n));  // (S X has read it here)
+          refill_x();
           continue;
         }
         // (the expected bytes may post after some have landed)
@@ -711,18 +737,14 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
           acc[0](v + 2) += o.z;
           acc[0](v + 3) += o.w;
         }
+        tma::mbar_arrive(hs_empty + m);
       }
-      if (kRanks == 1 && m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
-      epilogue_tma_store<T, 3>(acc[0], hs_of(m, 0), x_of(buf, m, 0), s_d, p.D != nullptr, &out_map,
-                               static_cast<int>(ci.tok0) + m * kM, static_cast<int>(h0), row32);
-      tma::mbar_arrive(empty_x + m);
-      if (wtid == 0 && li + 1 < n_total) {
-        tma::mbar_wait(empty_x + m, ph);
-        load_x(li + 1, m);
-      }
+      tma::mbar_wait(empty_x + n % 3, L::x_phase(n));
+      epilogue_tma_store<T, 3>(acc[0], x_m, x_m, s_d, p.D != nullptr, &out_map, static_cast<int>(ci.tok0) + m * kM,
+                               static_cast<int>(h0), row32);
       if (lane == 0) tma::bulk_wait_all();
-      __syncwarp();
-      tma::mbar_arrive(hs_empty + m);
+      named_barrier_sync(3 + m, kThreads);  // (every warp's stores have read the tile)
+      refill_x();
       continue;
     }
     // (staged in C_m's tile instead, the stores' reads were waited for here, before the slot's

@@ -501,15 +501,23 @@ TEST(TuningHeuristic, PicksOfTheH200Run) {
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 128), 4), (KernelConfig{32, 2, 2, 4, 2, 1}));
   EXPECT_EQ(pick(shape(4, 2048, 8, 1, 128), 4).fused_walk, 2);
   // dstate 512: fused (two CTAs per walk) in 2 segments (128 CTAs; the fastest of 1-16 at 1K to
-  // 64K tokens, 2026-11-30 v17); dstate 384: the two kernels over 64 chunks per walk (fused costs
-  // what it does at 512: 458 us against 445 at 4 x 16K), fused under them (16 x 2K: 211 against
-  // 253, v27)
+  // 64K tokens, 2026-11-30 v17; of 1, 2 and 4 at 4K-64K for the specialised kernel on two ranks,
+  // v39); dstate 384: the cluster kernel's two kernels over 64 chunks per walk (fused costs what
+  // it does at 512: 458 us against 445 at 4 x 16K), fused under them (16 x 2K: 211 against 253,
+  // v27)
   EXPECT_EQ(pick(shape(4, 65536, 8, 1, 512), 4), (KernelConfig{64, 2, 2, 2, 2, 1}));
   EXPECT_EQ(pick(shape(4, 1024, 8, 1, 512), 4).pass_state_segments, 2);
   EXPECT_EQ(pick(shape(1, 16384, 8, 1, 512), 1).pass_state_segments, 8);  // 156 us; 182 two kernels
   EXPECT_EQ(pick(shape(2, 8192, 32, 1, 512), 2).pass_state_segments, 1);  // 425 us; 571 two kernels
-  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 384), 4).fused_walk, 1);
-  EXPECT_EQ(pick(shape(4, 8192, 8, 1, 384), 4).fused_walk, 1);
+  // (with seq_idx, z or an fp32 output, the cluster kernel; the specialised kernel on two ranks
+  // beats the two kernels there too: dstate 384 at 4 x 16K 355 against 443 us, v39)
+  auto pick_other = [](const ProblemShape& s, int64_t walks) {
+    return detail::heuristic_config(s, walks, false, 132, detail::max_walk_segments(s, false));
+  };
+  EXPECT_EQ(pick_other(shape(4, 16384, 8, 1, 384), 4).fused_walk, 1);
+  EXPECT_EQ(pick_other(shape(4, 8192, 8, 1, 384), 4).fused_walk, 1);
+  EXPECT_EQ(pick(shape(4, 16384, 8, 1, 384), 4).fused_walk, 2);
+  EXPECT_EQ(pick(shape(4, 65536, 8, 1, 320), 4).fused_walk, 2);
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 448), 4).fused_walk, 2);  // 130 us; 144 two kernels (v27)
   EXPECT_EQ(pick(shape(4, 4096, 8, 1, 320), 4).fused_walk, 2);  // 129 us; 137 two kernels (v27)
   EXPECT_EQ(pick(shape(16, 2048, 8, 1, 384), 16).fused_walk, 2);
