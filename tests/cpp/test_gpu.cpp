@@ -777,7 +777,7 @@ TEST(Gpu, PositiveA) {
 
 // The kernels' shared-memory limits are attributes of the device current when they are set
 // (kernels::raise_smem_limit keeps them per kernel and device): the same calls on two GPUs in
-// turn, each taking kernels over 48 KB of shared memory (the specialised fused_walk, 217 KB; the
+// turn, each taking kernels over 48 KB of shared memory (the specialised fused_walk, up to 220 KB; the
 // one-warpgroup fused_walk at dstate 256 and 64, three per SM; fwd_pass_state with its segment
 // sums and compute_out; varlen_states). Skips on a machine of one GPU.
 TEST(Gpu, KernelAttributesOnEveryDevice) {
