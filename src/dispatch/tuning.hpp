@@ -135,8 +135,9 @@ inline bool sums_take_cumsum(int nseg, int64_t seg_chunks) {
 //   one since v33, below).
 //   Where its walks x heads fill more than half of the SMs but not all: one segment or two with
 //   a short first one (first_segment_chunks), priced from their own measurements (below).
-//   At dstate 129-256 (its block slots, segments of 4 chunks or more) kSpecializedBlocksUnit per
-//   chunk and kSpecializedBlocksStart chunks of start-up per wave (below).
+//   At dstate 129-512 (its block slots, above 256 on two CTAs per walk; segments of 4 chunks or
+//   more) kSpecializedBlocksUnit per chunk and kSpecializedBlocksStart chunks of start-up per
+//   wave (below).
 // - The specialised kernel with two heads per CTA (dstate <= 64, heads_per_cta 2): half the CTAs,
 //   0.86 per chunk (two heads' work for 1.56 times one head's) and 4.5 chunks of start-up per
 //   wave; the sums as above (per head). Fitted to 26 forced settings of 7 calls, 1 and 2 heads
@@ -283,7 +284,9 @@ struct FusedWalkCall {
 // 67.9 us, 28.1 against 26.0, at about 5.3 us per unit); it pays from segments of about 4 chunks
 // (kernels::kSpecializedBlocksMinChunks). The model's ratios between 2, 4 and 8 segments then
 // follow the forced counts (at 16K 1.75 / 1 / 1.05 against 1.61 / 1 / 1.13) and it picks 4, the
-// fastest measured from 4K to 256K tokens (H200, design log v38).
+// fastest measured from 4K to 256K tokens (H200, design log v38). The same prices at dstate
+// 257-512 (two CTAs per walk) pick 2 segments at the anchor, the fastest of 1, 2 and 4 measured
+// from 1K to 64K (16K: 580.6 / 356.5 / 399.8 us; v39).
 constexpr double kSpecializedBlocksUnit = 0.83;
 constexpr double kSpecializedBlocksStart = 2.0;
 
@@ -319,7 +322,7 @@ inline double fused_walk_cost(const FusedWalkCall& c, int64_t want) {
   }
   const double len = static_cast<double>(len_chunks);
   const bool alone = per_sm == 2 && ctas <= c.sm_count;
-  const bool blocks = variant == V::kSpecialized && dstate_tiles > 2;  // (dstate 129-256: block slots)
+  const bool blocks = variant == V::kSpecialized && dstate_tiles > 2;  // (dstate 129-512: block slots)
   const double unit = c.pair()                         ? 0.86
                       : blocks                         ? kSpecializedBlocksUnit
                       : variant == V::kSpecialized    ? 0.55

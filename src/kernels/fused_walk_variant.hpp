@@ -27,17 +27,18 @@ constexpr bool fused_walk_specialized_shape(int64_t headdim, int64_t dstate, int
 constexpr bool fused_walk_specialized_options(bool batched, bool seq_idx, bool z, bool out_fp32) {
   return batched && !seq_idx && !z && !out_fp32;
 }
-// The shortest walk segments that kSpecialized runs at dstate 129-256 (its block-slot form, whose
+// The shortest walk segments that kSpecialized runs at dstate 129-512 (its block-slot form, whose
 // start costs more: anchor dstate 256 in segments of 2 chunks 26.0 -> 28.1 us against the
-// two-warpgroup kernel, of 8 chunks 67.9 -> 62.6; H200, design log v38). Shorter ones run the
-// two-warpgroup dstate-256 kernel (kOneWarpgroup's launch there).
+// two-warpgroup kernel, of 8 chunks 67.9 -> 62.6; H200, design log v38; dstate 512 in segments of
+// 4 chunks 43.0 -> 42.8 against the cluster kernel, v39). Shorter ones run the two-warpgroup
+// kernel or its clusters (kOneWarpgroup's launch there).
 constexpr int64_t kSpecializedBlocksMinChunks = 4;
 constexpr bool fused_walk_specialized_segment(int64_t dstate, int64_t seg_chunks) {
   return dstate <= 128 || seg_chunks >= kSpecializedBlocksMinChunks;
 }
 // Where two segments of kSpecialized may split unevenly (SsdParams::seg0_chunks, prewalk; the
 // tuning model's first_segment_chunks, multi_wave_split): dstate <= 128, where their rules were
-// fitted. (The block-slot form of dstate 129-256 would run an uneven split, not measured; it has
+// fitted. (The block-slot form of dstate 129-512 would run an uneven split, not measured; it has
 // no pre-walk.)
 constexpr bool fused_walk_specialized_uneven(int64_t dstate) { return dstate <= 128; }
 // Where kSpecialized may walk two heads per CTA (SsdParams::ws_heads): one 64-column slice, and
