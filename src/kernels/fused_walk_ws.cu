@@ -572,6 +572,11 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk,
                                                                        hs_of(from_mid[i] ? 1 : 0, i), acc[i]);
     }
+    // Two ranks: C H^T in a wgmma group of its own, so that H_s copy m is released (the receiver:
+    // part_free) once C H^T is done rather than C B^T too (v40; with one rank, the output
+    // warpgroups then spilled).
+    constexpr bool kEarlyHs = kBlocks && kRanks > 1;
+    if constexpr (kEarlyHs) warpgroup_commit_batch();
     issue_cb(j_low);
     warpgroup_commit_batch();
     // (each head's cum at the thread's rows, and its factors of C H^T: exp2(cum_t - cum at H_s))
@@ -611,14 +616,29 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     // three-warpgroup split at dstate 256)
     const bool decay_ready = HP == 1 && j_first[0] == j_low && !kBlocks;
     if (decay_ready) decay_for(0, j_low);
+    if constexpr (kEarlyHs) {
+      warpgroup_wait<1>();
+      if (m == 1 && j_low == 0) {
+        tma::mbar_arrive(hs_empty);
+        if (rank_now() == 0) named_barrier_arrive(2, 2 * kThreads);  // (block 0 receives there)
+      }
+      if (m != rank_now()) {
+        tma::mbar_arrive(hs_empty + m);
+      } else {
+        // Slices 1-2 of H_s copy m may take the other rank's partial (block 0 with a_grows: once
+        // block 1 has read H_s(start) too).
+        if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
+        tma::mbar_arrive_cluster(tma::cluster_addr(part_free, 1 - m));
+      }
+    }
     warpgroup_wait<0>();
     warpgroup_fence_operand(cb);
 #pragma unroll
     for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
     if constexpr (kBlocks) {
       // C H^T and C B^T have read C_m, B_m (a_grows, block 1: B_0, and C_m again in C_1 B_1^T
-      // below) and H_s: the C_m and B_m part refilled, and H_s copy m released (a_grows, block 1:
-      // H_s(start) too), but with two ranks the receiver's, which takes the partial (below).
+      // below) and H_s: the C_m and B_m part refilled, and (one rank) H_s copy m released
+      // (a_grows, block 1: H_s(start) too); two ranks: above.
       if (m == 0 || j_low == 1) {
         // (C_m and B_m released, and once every reader has, refilled with the next chunk's)
         tma::mbar_arrive(empty + m);
@@ -629,17 +649,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         __syncwarp();  // (converged again before the next wgmma)
       } else {
         tma::mbar_arrive(empty);
-        tma::mbar_arrive(hs_empty);
-        if (kRanks > 1 && rank_now() == 0) named_barrier_arrive(2, 2 * kThreads);  // (block 0 receives there)
+        if constexpr (!kEarlyHs) tma::mbar_arrive(hs_empty);
       }
-      if (kRanks == 1 || m != rank_now()) {
-        tma::mbar_arrive(hs_empty + m);
-      } else {
-        // Slices 1-2 of H_s copy m may take the other rank's partial (block 0 with a_grows: once
-        // block 1 has read H_s(start) too).
-        if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
-        tma::mbar_arrive_cluster(tma::cluster_addr(part_free, 1 - m));
-      }
+      if constexpr (!kEarlyHs) tma::mbar_arrive(hs_empty + m);
     } else {
       // C H^T has read H_s: both warpgroups release both slots (so a_grows needs no other count),
       // H_s(mid) first: the state warpgroup writes H_s(start) of the next chunk once every thread
