@@ -768,7 +768,15 @@ TEST(Gpu, PositiveA) {
                                                    kernels::FusedWalkVariant::kThreePerSm));
     }
     if (k.seqlen == 8192 || ((k.n == 64 || k.n == 256 || k.n == 512) && k.q == 128 && !k.with_seq)) {
-      ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, true,
+      // (these cases are meant for the specialised kernel: its conditions, from the case, as in
+      // FusedWalk's variant cases; then the variant the launch picks for them)
+      const int64_t chunks = (k.seqlen + k.q - 1) / k.q, seg_chunks = (chunks + k.segments - 1) / k.segments;
+      const bool specialized = kernels::fused_walk_specialized_shape(64, k.n, k.q) &&
+                               kernels::fused_walk_specialized_options(true, !c.seq_starts.empty(), c.has_z, false) &&
+                               kernels::fused_walk_specialized_segment(k.n, seg_chunks);
+      ASSERT_TRUE(specialized) << "dstate " << k.n << ", " << k.seqlen << " tokens in " << k.segments
+                               << " segments: no longer a case of the specialised kernel";
+      ASSERT_NO_FATAL_FAILURE(expect_fused_variant(k.n, k.q, c.batch * k.heads * k.segments, specialized,
                                                    kernels::FusedWalkVariant::kSpecialized));
     }
     check_problem(c, "positive-A");
