@@ -1,4 +1,4 @@
-// The entry points: validate, workspace_size, forward.
+// The entry points: validate, workspace_size, forward (and forward_with_allocator).
 #pragma once
 
 #include <cstddef>
@@ -31,6 +31,19 @@ std::size_t workspace_size(const ForwardParams& p);
 // bitwise identical from run to run.
 void forward(const ForwardParams& p, void* workspace, std::size_t workspace_bytes,
              CUstream_st* stream = nullptr);
+
+// Where forward_with_allocator() gets its scratch memory: returns at least `bytes` bytes
+// (never 0) of device memory of the current device, 256-byte aligned, usable by the work the
+// call enqueues next on its stream (a stream-ordered or caching allocator qualifies) and kept
+// until that work is enqueued. May throw; the error reaches the caller. `context` is passed on.
+using WorkspaceAllocator = void* (*)(std::size_t bytes, void* context);
+
+// forward() for callers that allocate the workspace per call (a framework's caching allocator):
+// validates `p` once, sizes the workspace as workspace_size(p) does, takes it from `allocate`
+// (at most one call; none for Device::kCPU or when no scratch is needed) and runs as forward().
+// workspace_size() followed by forward() validates `p` and resolves its settings twice.
+void forward_with_allocator(const ForwardParams& p, WorkspaceAllocator allocate, void* context,
+                            CUstream_st* stream = nullptr);
 
 // True when this build has the CUDA kernels and a device of compute capability 9.0 is present.
 bool cuda_available();

@@ -205,7 +205,7 @@ def chunk_scan_fwd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, se
                    dt_softplus, dt_min, dt_max, varlen, want_final_states, want_varlen_states,
                    want_chunk_states, state_dtype) -> List[Tensor]:  # fmt: skip
     """Kernel of torch.ops.mamba2_ssd.chunk_scan_fwd (CPU and CUDA)."""
-    out = x.new_empty(x.shape)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # (cheaper than new_empty)
     final, vstates, cstates, offsets = _alloc_outputs(x, B, C, cu_seqlens, chunk_size, varlen, want_final_states,
                                                       want_varlen_states, want_chunk_states, state_dtype)  # fmt: skip
     _launch(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
@@ -217,7 +217,7 @@ def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_stat
                          dt_softplus, dt_min, dt_max, varlen, want_final_states, want_varlen_states,
                          want_chunk_states, state_dtype) -> List[Tensor]:  # fmt: skip
     _fake_check(x, B, cu_seqlens, chunk_size, varlen)
-    out = x.new_empty(x.shape)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # (cheaper than new_empty)
     final, vstates, cstates, offsets = _alloc_outputs(x, B, C, cu_seqlens, chunk_size, varlen, want_final_states,
                                                       want_varlen_states, want_chunk_states, state_dtype)  # fmt: skip
     return _returned(out, final, vstates, cstates, offsets)

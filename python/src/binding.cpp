@@ -331,6 +331,7 @@ struct TorchRefs {
   PyObject* s_stride = nullptr;
   PyObject* s_data_ptr = nullptr;
   PyObject* s_device = nullptr;
+  PyObject* s_get_device = nullptr;
 };
 TorchRefs g_torch;
 
@@ -372,7 +373,9 @@ void fill_dims(m2::TensorView& v, int slot, PyObject* shape, PyObject* strides) 
   }
 }
 
-void fill_view_from_torch(m2::TensorView& v, int slot, PyObject* t, CallDevice& dev) {
+// cuda_index >= 0: a CUDA tensor must be on that device (forward_torch's check in place of
+// validate()'s pointer queries, see check_memory_locations).
+void fill_view_from_torch(m2::TensorView& v, int slot, PyObject* t, CallDevice& dev, int cuda_index) {
   const char* name = kSlotNames[slot];
   if (!PyObject_TypeCheck(t, g_torch.tensor_type)) {
     type_error(std::string(name) + ": expected a torch.Tensor, got " + type_name(t));
@@ -399,6 +402,13 @@ void fill_view_from_torch(m2::TensorView& v, int slot, PyObject* t, CallDevice& 
     m2::Device d;
     if (getattr_checked(t, g_torch.s_is_cuda).ptr() == Py_True) {
       d = m2::Device::kCUDA;
+      if (cuda_index >= 0) {
+        const int64_t index = as_int64(call_method0(t, g_torch.s_get_device).ptr());
+        if (index != cuda_index) {
+          invalid(name, "expected a tensor on the device of x (cuda:" + std::to_string(cuda_index) + "), got cuda:" +
+                            std::to_string(index));
+        }
+      }
     } else if (getattr_checked(t, g_torch.s_is_cpu).ptr() == Py_True) {
       d = m2::Device::kCPU;
     } else {
@@ -554,6 +564,28 @@ nb::dict tune_result_dict(const m2::TuneResult& r) {
   return d;
 }
 
+// The workspace of one forward_torch call: a uint8 tensor from torch (mamba2_ssd/torch_ops.py:
+// _alloc_workspace, like `like`), held in `owner` until the launches are enqueued.
+struct TorchWorkspace {
+  PyObject* like;
+  nb::object owner;
+};
+
+// m2::WorkspaceAllocator over TorchWorkspace; takes the GIL (forward_torch releases it).
+void* torch_workspace(std::size_t bytes, void* context) {
+  auto& ws = *static_cast<TorchWorkspace*>(context);
+  nb::gil_scoped_acquire gil;
+  nb::object nbytes = nb::steal(PyLong_FromSize_t(bytes));
+  PyObject* call_args[2] = {nbytes.ptr(), ws.like};
+  PyObject* t = PyObject_Vectorcall(g_torch.workspace_alloc, call_args, 2, nullptr);
+  if (!t) throw nb::python_error();
+  ws.owner = nb::steal(t);
+  nb::object ptr = call_method0(t, g_torch.s_data_ptr);
+  void* data = PyLong_AsVoidPtr(ptr.ptr());
+  if (data == nullptr && PyErr_Occurred()) throw nb::python_error();
+  return data;
+}
+
 // forward_torch(<22 common>, stream, device_index)
 void forward_torch(nb::args args) {
   if (g_torch.tensor_type == nullptr) type_error("mamba2_ssd._C: torch support was not initialised");
@@ -571,9 +603,11 @@ void forward_torch(nb::args args) {
       if (is_required(slot)) type_error(std::string(kSlotNames[slot]) + ": expected a torch.Tensor, got None");
       continue;
     }
-    fill_view_from_torch(view_of(p, slot), slot, objs[slot].ptr(), dev);
+    fill_view_from_torch(view_of(p, slot), slot, objs[slot].ptr(), dev, slot == kX ? -1 : device_index);
   }
   p.device = dev.device;
+  // Every CUDA tensor is on x's device (checked above): validate() need not ask the runtime.
+  p.check_memory_locations = !(p.device == m2::Device::kCUDA && device_index >= 0);
   // What mamba_ssm's function accepts but the kernels do not take directly is converted here
   // (through torch, on the current stream), so that the common case costs only the checks:
   //  - A, D, dt_bias in a 16-bit float dtype (a bf16 model's parameters): upcast to float32;
@@ -590,7 +624,7 @@ void forward_torch(nb::args args) {
     PyObject* c = PyObject_Vectorcall(g_torch.convert, call_args, 2, nullptr);
     if (!c) throw nb::python_error();
     converted[slot] = nb::steal(c);
-    fill_view_from_torch(view_of(p, slot), slot, c, dev);
+    fill_view_from_torch(view_of(p, slot), slot, c, dev, device_index);
   };
   for (int slot : {kA, kD, kDtBias}) {
     const m2::TensorView& v = view_of(p, slot);
@@ -610,23 +644,18 @@ void forward_torch(nb::args args) {
     return;
   }
   DeviceGuard guard(device_index);
-  // (a call that tunes first times every setting: the workspace they all fit in)
-  const std::size_t need = g_tune_next ? m2::tune_workspace_size(p) : m2::workspace_size(p);
-  if (need == 0) {
-    run_forward(p, nullptr, 0, stream);
-    return;
-  }
   // The workspace comes from torch's caching allocator on the current stream (fine inside
   // CUDA graph capture); it is released after the launches are enqueued on that stream.
-  nb::object nbytes = nb::steal(PyLong_FromSize_t(need));
-  PyObject* call_args[2] = {nbytes.ptr(), x.ptr()};
-  PyObject* ws = PyObject_Vectorcall(g_torch.workspace_alloc, call_args, 2, nullptr);
-  if (!ws) throw nb::python_error();
-  nb::object ws_owner = nb::steal(ws);
-  nb::object ptr = call_method0(ws, g_torch.s_data_ptr);
-  void* ws_ptr = PyLong_AsVoidPtr(ptr.ptr());
-  if (ws_ptr == nullptr && PyErr_Occurred()) throw nb::python_error();
-  run_forward(p, ws_ptr, need, stream);
+  TorchWorkspace ws{x.ptr(), nb::object()};
+  if (g_tune_next || g_skip_forward) {
+    // (a call that tunes first times every setting: the workspace they all fit in)
+    const std::size_t need = g_tune_next ? m2::tune_workspace_size(p) : m2::workspace_size(p);
+    void* ws_ptr = need > 0 ? torch_workspace(need, &ws) : nullptr;
+    run_forward(p, ws_ptr, need, stream);
+    return;
+  }
+  nb::gil_scoped_release release;
+  m2::forward_with_allocator(p, torch_workspace, &ws, reinterpret_cast<CUstream_st*>(stream));
 }
 
 struct DlpackCall {
@@ -713,6 +742,7 @@ void register_torch(nb::handle tensor_type, nb::tuple dtypes, nb::handle workspa
   g_torch.s_stride = PyUnicode_InternFromString("stride");
   g_torch.s_data_ptr = PyUnicode_InternFromString("data_ptr");
   g_torch.s_device = PyUnicode_InternFromString("device");
+  g_torch.s_get_device = PyUnicode_InternFromString("get_device");
 }
 
 }  // namespace

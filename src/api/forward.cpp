@@ -1,4 +1,4 @@
-// forward(): validates, then runs the CPU reference or the GPU kernels.
+// forward(), forward_with_allocator(): validate, then run the CPU reference or the GPU kernels.
 #include <cstdint>
 #include <string>
 
@@ -55,6 +55,25 @@ void forward(const ForwardParams& p, void* workspace, std::size_t workspace_byte
 #else
   (void)workspace;
   (void)workspace_bytes;
+  (void)stream;
+  throw_no_cuda();
+#endif
+}
+
+void forward_with_allocator(const ForwardParams& p, WorkspaceAllocator allocate, void* context,
+                            CUstream_st* stream) {
+  if (allocate == nullptr) {
+    throw Error(Error::Kind::kInvalidArgument, "allocate", "allocate: expected a workspace allocator, got nullptr");
+  }
+  const ProblemShape s = validate(p);
+  if (p.device == Device::kCPU) {
+    reference::forward(p, s);
+    return;
+  }
+#ifdef MAMBA2_SSD_WITH_CUDA
+  detail::gpu_forward_allocating(p, s, allocate, context, stream);
+#else
+  (void)context;
   (void)stream;
   throw_no_cuda();
 #endif

@@ -28,7 +28,8 @@
 //      tensors 16-byte aligned, with their outer strides (of dims of size > 1) multiples of
 //      16 bytes.
 //  12. Builds with CUDA: every present pointer is device/managed memory of the current device
-//      for kCUDA, host (pageable, pinned) or managed memory for kCPU.
+//      for kCUDA, host (pageable, pinned) or managed memory for kCPU (not checked with
+//      check_memory_locations = false).
 //  13. Device::kCPU (host memory can be read): cu_seqlens starts at 0, is non-decreasing and ends
 //      at l (batched) or T (varlen); seq_idx is >= 0 and non-decreasing along each row.
 // Nothing is allocated on success; strings are built only to throw.
@@ -648,7 +649,7 @@ ProblemShape validate(const ForwardParams& p) {
                                 "returned ") +
                         (ce != cudaSuccess ? cudaGetErrorName(ce) : "0 devices"));
       }
-    } else {
+    } else if (p.check_memory_locations) {
       int current = 0;
       if (on_gpu && cudaGetDevice(&current) != cudaSuccess) (void)cudaGetLastError();
       for (const Named& t : all) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -175,6 +176,15 @@ bool fused_needs_chunk_states(const ForwardParams& p) {
 
 KernelConfig resolve_for(const KernelCall& call, std::string* source, std::string* key_out);
 
+// Bytes of scratch the settings `cfg` (resolved from `source`) run in: fused_walk's alone where
+// they pick it, else (also where a miss may tune and pick the two kernels) what all fit in.
+std::size_t workspace_now(const KernelCall& c, const KernelConfig& cfg, const std::string& source) {
+  const std::size_t all = plan_workspace(c.p, c.s).total;
+  if (!fused_walk_applies(c.s) || fused_needs_chunk_states(c.p)) return all;
+  const bool may_tune = source == "heuristic" && autotune_on_miss();
+  return cfg.fused_walk == 2 && !may_tune ? plan_workspace(c.p, c.s, false).total : all;
+}
+
 }  // namespace
 
 WorkspaceNeeds gpu_workspace_needs(const ForwardParams& call_p, const ProblemShape& call_s, bool with_now) {
@@ -185,11 +195,9 @@ WorkspaceNeeds gpu_workspace_needs(const ForwardParams& call_p, const ProblemSha
   if (fused_walk_applies(c.s) && !fused_needs_chunk_states(c.p)) {
     n.least = n.now = plan_workspace(c.p, c.s, false).total;
     if (!with_now) return n;
-    n.now = n.all;
     std::string source;
     const KernelConfig cfg = resolve_for(c, &source, nullptr);
-    const bool may_tune = source == "heuristic" && autotune_on_miss();  // (it may pick the two kernels)
-    if (cfg.fused_walk == 2 && !may_tune) n.now = n.least;
+    n.now = workspace_now(c, cfg, source);
   }
   return n;
 }
@@ -578,16 +586,15 @@ KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s
   return resolve_for(kernel_call(p, s), source, key_out);
 }
 
-void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace, std::size_t workspace_bytes,
-                 CUstream_st* stream_handle) {
-  check_device_once();
-  const KernelCall call = kernel_call(call_p, call_s);
+namespace {
+
+// The launches of one call in the kernels' chunks, its settings resolved (from `source`).
+void run_call(const KernelCall& call, KernelConfig cfg, const std::string& source, void* workspace,
+              std::size_t workspace_bytes, CUstream_st* stream_handle) {
   const ForwardParams& p = call.p;
   const ProblemShape& s = call.s;
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
   char* ws = static_cast<char*>(workspace);
-  std::string source;
-  KernelConfig cfg = resolve_for(call, &source, nullptr);
   // Tuning on a miss (opt-in): only outside graph capture, within a 1 s budget.
   if (source == "heuristic" && autotune_on_miss() && !is_capturing(stream)) {
     TuneOptions opt;
@@ -614,6 +621,37 @@ void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* 
   if (!fused) co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, walks, sm_count);
   launch_prefix(p, s, w, ws, k, fused, stream);
   launch_walk_and_output(p, k, fused, ps, co, sm_count, stream);
+}
+
+}  // namespace
+
+void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace, std::size_t workspace_bytes,
+                 CUstream_st* stream) {
+  check_device_once();
+  const KernelCall call = kernel_call(call_p, call_s);
+  std::string source;
+  const KernelConfig cfg = resolve_for(call, &source, nullptr);
+  run_call(call, cfg, source, workspace, workspace_bytes, stream);
+}
+
+void gpu_forward_allocating(const ForwardParams& call_p, const ProblemShape& call_s, WorkspaceAllocator allocate,
+                            void* context, CUstream_st* stream) {
+  check_device_once();
+  const KernelCall call = kernel_call(call_p, call_s);
+  std::string source;
+  const KernelConfig cfg = resolve_for(call, &source, nullptr);
+  const std::size_t need = workspace_now(call, cfg, source);
+  void* ws = nullptr;
+  if (need > 0) {
+    ws = allocate(need, context);
+    if (ws == nullptr || reinterpret_cast<std::uintptr_t>(ws) % kAlign != 0) {
+      throw Error(Error::Kind::kInvalidArgument, "allocate",
+                  "allocate: expected a " + std::to_string(kAlign) + "-byte aligned pointer to " +
+                      std::to_string(need) + " bytes, got address " +
+                      std::to_string(reinterpret_cast<std::uintptr_t>(ws)));
+    }
+  }
+  run_call(call, cfg, source, ws, need, stream);
 }
 
 TuneResult gpu_tune(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dispatch/tuning_cache.hpp"
+#include "mamba2_ssd/api.hpp"
 #include "mamba2_ssd/params.hpp"
 #include "mamba2_ssd/tuning.hpp"
 
@@ -25,6 +26,11 @@ WorkspaceNeeds gpu_workspace_needs(const ForwardParams& p, const ProblemShape& s
 // Enqueues the kernels of one validated call on `stream`.
 void gpu_forward(const ForwardParams& p, const ProblemShape& s, void* workspace,
                  std::size_t workspace_bytes, CUstream_st* stream);
+
+// gpu_forward with the workspace from `allocate` (sized as gpu_workspace_needs(p, s).now, the
+// settings resolved once for both).
+void gpu_forward_allocating(const ForwardParams& p, const ProblemShape& s, WorkspaceAllocator allocate, void* context,
+                            CUstream_st* stream);
 
 // Times the kernel settings on one validated call (see mamba2_ssd::tune).
 TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspace, std::size_t workspace_bytes,

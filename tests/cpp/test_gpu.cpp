@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -1420,6 +1421,87 @@ TEST(Gpu, WorkspaceFollowsTheSettings) {
   cudaStreamDestroy(stream);
   ::unsetenv("MAMBA2_SSD_TUNING_CACHE");
   reset_tuning_cache();
+}
+
+// forward_with_allocator: one allocation of workspace_size(p) bytes, the same output bits as
+// forward() (with the pointer checks of validate() skipped too), against the reference; an
+// allocator's exception reaches the caller; a null or misaligned pointer is refused.
+TEST(Gpu, ForwardWithAllocator) {
+  SKIP_WITHOUT_GPU();
+  ProblemConfig c = base_config();
+  c.seqlen = 1500;
+  c.seed = 1700;
+  Problem prob(c);
+  DeviceMirror dm(prob);
+  const std::size_t need = workspace_size(dm.gp);
+  ASSERT_GT(need, 0u);
+  constexpr std::size_t kGuard = 1 << 16;
+  DeviceBuffer ws(need + 512 + kGuard);
+  struct Pool {
+    char* base;
+    std::size_t offset;  // of the pointer handed out (misaligned on purpose in one case)
+    int calls = 0;
+    std::size_t bytes = 0;
+    bool fail = false;
+  };
+  auto allocate = [](std::size_t bytes, void* context) -> void* {
+    auto& pool = *static_cast<Pool*>(context);
+    ++pool.calls;
+    pool.bytes = bytes;
+    if (pool.fail) throw std::runtime_error("pool exhausted");
+    return pool.base + pool.offset;
+  };
+  const std::size_t out_bytes = prob.out.nbytes();
+  auto poisoned_run = [&](auto&& run) {
+    std::vector<uint8_t> bits(out_bytes);
+    EXPECT_EQ(cudaMemset(ws.ptr, 0xff, ws.bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(dm.ptr.at("out"), 0xff, out_bytes), cudaSuccess);
+    run();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(bits.data(), dm.ptr.at("out"), out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return bits;
+  };
+  const std::vector<uint8_t> plain = poisoned_run([&] { forward(dm.gp, ws.ptr, need); });
+  for (bool check_locations : {true, false}) {
+    ForwardParams p = dm.gp;
+    p.check_memory_locations = check_locations;
+    Pool pool{static_cast<char*>(ws.ptr), 0};
+    const std::vector<uint8_t> got = poisoned_run([&] { forward_with_allocator(p, allocate, &pool); });
+    EXPECT_EQ(pool.calls, 1);
+    EXPECT_EQ(pool.bytes, need);
+    EXPECT_TRUE(got == plain) << "check_memory_locations=" << check_locations;
+    std::vector<uint8_t> guard(kGuard);
+    CUDA_OK(cudaMemcpy(guard.data(), static_cast<char*>(ws.ptr) + need, kGuard, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(guard.begin(), guard.end(), [](uint8_t b) { return b == 0xff; }))
+        << "the forward wrote past the workspace it was given";
+  }
+  std::memcpy(prob.out.view.data, plain.data(), out_bytes);
+  const reference::F64Outputs ref = reference::forward_f64(prob.params(Device::kCPU), prob.shape);
+  EXPECT_LE(rel_l2(prob.out.view, ref.out), kTolOut);
+  Pool failing{static_cast<char*>(ws.ptr), 0};
+  failing.fail = true;
+  EXPECT_THROW(forward_with_allocator(dm.gp, allocate, &failing), std::runtime_error);
+  Pool misaligned{static_cast<char*>(ws.ptr), 16};
+  try {
+    forward_with_allocator(dm.gp, allocate, &misaligned);
+    ADD_FAILURE() << "no error for a misaligned workspace";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "allocate");
+    EXPECT_NE(std::string(e.what()).find("256-byte aligned"), std::string::npos) << e.what();
+  }
+  Pool null_pool{nullptr, 0};
+  try {
+    forward_with_allocator(dm.gp, allocate, &null_pool);
+    ADD_FAILURE() << "no error for a null workspace";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "allocate");
+  }
+  try {
+    forward_with_allocator(dm.gp, nullptr, nullptr);
+    ADD_FAILURE() << "no error for a null allocator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "allocate");
+  }
 }
 
 // A tensor spanning more than 2^31 elements: row 1 of x/z/out starts past element 2^31, so any

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/host_float.hpp"
+#include "mamba2_ssd/api.hpp"
 #include "mamba2_ssd/error.hpp"
 #include "oracle.hpp"
 #include "reference/reference.hpp"
@@ -682,6 +683,35 @@ TEST(ReferenceInvariance, PaddedStridesGiveIdenticalResults) {
                               {"chunk_states", &a.chunk_states, &b.chunk_states}}) {
     EXPECT_TRUE(mt::all_finite(ta->view)) << name;
     EXPECT_EQ(mt::rel_l2(tb->view, ta->view), 0.0) << name;
+  }
+}
+
+// The public entries on the CPU: forward() and forward_with_allocator() write the same bits over
+// NaN-poisoned outputs (the allocator is never asked: the CPU needs no workspace); a null
+// allocator is refused by name.
+TEST(ReferenceEntry, ForwardWithAllocatorEqualsForward) {
+  ProblemConfig c = rich_batched(16);
+  Problem a(c), b(c);
+  a.poison_outputs();
+  b.poison_outputs();
+  mamba2_ssd::forward(a.params(), nullptr, 0);
+  int calls = 0;
+  auto allocate = [](std::size_t, void* context) -> void* {
+    ++*static_cast<int*>(context);
+    return nullptr;
+  };
+  mamba2_ssd::forward_with_allocator(b.params(), allocate, &calls);
+  EXPECT_EQ(calls, 0);
+  for (auto [name, ta, tb] : {std::tuple<const char*, HostTensor*, HostTensor*>{"out", &a.out, &b.out},
+                              {"final_states", &a.final_states, &b.final_states}}) {
+    EXPECT_TRUE(mt::all_finite(ta->view)) << name;
+    EXPECT_EQ(std::memcmp(ta->view.data, tb->view.data, ta->nbytes()), 0) << name;
+  }
+  try {
+    mamba2_ssd::forward_with_allocator(b.params(), nullptr, nullptr);
+    ADD_FAILURE() << "no error for a null allocator";
+  } catch (const mamba2_ssd::Error& e) {
+    EXPECT_EQ(e.argument(), "allocate");
   }
 }
 

@@ -402,6 +402,9 @@ TEST(ValidateCudaBuild, HostMemoryRejectedForCuda) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Batched t({}, m::Device::kCUDA);
   EXPECT_INVALID(t.params, "x", "expected device memory, got host memory");
+  // (the caller vouches for where the memory lives: not asked)
+  t.params.check_memory_locations = false;
+  EXPECT_NO_THROW(m::validate(t.params));
 }
 
 TEST(ValidateCudaBuild, DeviceMemoryAcceptedForCudaRejectedForCpu) {
