@@ -472,28 +472,16 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
         // Two ranks: the warpgroup of block m in the other rank sends its partial; this rank's
         // adds it (see at the top). The partial buffer is free once the previous one was read
         // (a fresh mbarrier passes the wait for parity 1).
-        constexpr int kVals = decltype(size(acc[0]))::value;
         if (m != rank_now()) {
           tma::mbar_wait<true>(bar_free, parity ^ 1u);
           const uint32_t dst = tma::cluster_addr(s_partial, m), full = tma::cluster_addr(bar_full, m);
-#pragma unroll
-          for (int v = 0; v < kVals; v += 4) {
-            tma::cluster_store_async(dst + ((v / 4) * kThreads + wtid) * 16,
-                                     make_float4(acc[0](v), acc[0](v + 1), acc[0](v + 2), acc[0](v + 3)), full);
-          }
+          send_partial(acc[0], dst, full, wtid);
           continue;
         }
         // (the expected bytes may post after some have landed: the count goes negative meanwhile)
         if (wtid == 0) tma::mbar_arrive_expect(bar_full, kPartialBytes);
         tma::mbar_wait<true>(bar_full, parity);
-#pragma unroll
-        for (int v = 0; v < kVals; v += 4) {
-          const float4 o = reinterpret_cast<const float4*>(s_partial)[(v / 4) * kThreads + wtid];
-          acc[0](v) += o.x;
-          acc[0](v + 1) += o.y;
-          acc[0](v + 2) += o.z;
-          acc[0](v + 3) += o.w;
-        }
+        add_partial(acc[0], s_partial, wtid);
         tma::mbar_arrive_cluster(tma::cluster_addr(bar_free, 1 - m));
       }
       // (varlen: rows past a sequence's last chunk's tokens are the next sequence's)

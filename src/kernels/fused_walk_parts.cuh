@@ -23,6 +23,32 @@ __device__ __forceinline__ uint32_t pair_offset(int t, int k, int lane) {
   return static_cast<uint32_t>(t * 128 + ((k ^ (lane / 4)) << 4) + (lane % 4) * 4);
 }
 
+// The output partial of a block that the other CTA of a cluster (dstate above 256, 256 state
+// columns each) finishes: send_partial writes this thread's share of the 64 x 64 fp32 fragment
+// (fragment order, 16 bytes per store) by st.async into the receiver's buffer at cluster address
+// `dst`, completing on its mbarrier `bar`; the receiver adds it with add_partial from its buffer.
+template <class Acc>
+__device__ __forceinline__ void send_partial(const Acc& acc, uint32_t dst, uint32_t bar, int wtid) {
+  constexpr int kVals = decltype(size(acc))::value;
+#pragma unroll
+  for (int v = 0; v < kVals; v += 4) {
+    tma::cluster_store_async(dst + ((v / 4) * kThreads + wtid) * 16,
+                             make_float4(acc(v), acc(v + 1), acc(v + 2), acc(v + 3)), bar);
+  }
+}
+template <class Acc>
+__device__ __forceinline__ void add_partial(Acc& acc, const float* buffer, int wtid) {
+  constexpr int kVals = decltype(size(acc))::value;
+#pragma unroll
+  for (int v = 0; v < kVals; v += 4) {
+    const float4 o = reinterpret_cast<const float4*>(buffer)[(v / 4) * kThreads + wtid];
+    acc(v) += o.x;
+    acc(v + 1) += o.y;
+    acc(v + 2) += o.z;
+    acc(v + 3) += o.w;
+  }
+}
+
 // NK: 64-column dstate slices (1, 2 or 4); kWGs: warpgroups, 2 with NK = 4 and in a variant with
 // NK = 2. With two, warpgroup w holds state columns 128 w .. 128 w + 127 (NK = 2: 64 w ..; the
 // update's share of the chunk's tokens, all its blocks) and computes the output of block m = w

@@ -724,16 +724,11 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         // Block m is rank m's: the other rank's warpgroup sends its partial, this rank's adds it
         // (fragment order) before the epilogue and then releases its H_s copy m. (The send waits
         // for the receiver's part_free arrival of this chunk: its slices 1-2 of copy m free.)
-        constexpr int kVals = decltype(size(acc[0]))::value;
         float* s_part = reinterpret_cast<float*>(hs_of(m, 0) + F::kSlice);
         if (m != rank_now()) {
           tma::mbar_wait<true>(part_free, ph);
           const uint32_t dst = tma::cluster_addr(s_part, m), bar = tma::cluster_addr(part_full, m);
-#pragma unroll
-          for (int v = 0; v < kVals; v += 4) {
-            tma::cluster_store_async(dst + ((v / 4) * kThreads + wtid) * 16,
-                                     make_float4(acc[0](v), acc[0](v + 1), acc[0](v + 2), acc[0](v + 3)), bar);
-          }
+          send_partial(acc[0], dst, bar, wtid);
           tma::mbar_wait(empty_x + n % 3, L::x_phase(n));  // (S X has read it here)
           refill_x();
           continue;
@@ -741,14 +736,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         // (the expected bytes may post after some have landed)
         if (wtid == 0) tma::mbar_arrive_expect(part_full, kM * 64 * 4);
         tma::mbar_wait<true>(part_full, ph);
-#pragma unroll
-        for (int v = 0; v < kVals; v += 4) {
-          const float4 o = reinterpret_cast<const float4*>(s_part)[(v / 4) * kThreads + wtid];
-          acc[0](v) += o.x;
-          acc[0](v + 1) += o.y;
-          acc[0](v + 2) += o.z;
-          acc[0](v + 3) += o.w;
-        }
+        add_partial(acc[0], s_part, wtid);
         tma::mbar_arrive(hs_empty + m);
       }
       tma::mbar_wait(empty_x + n % 3, L::x_phase(n));
