@@ -17,9 +17,10 @@ for var in "${variants[@]}"; do
   per_kernel=$(env "${envs[@]}" ncu --clock-control none --metrics gpu__time_duration.sum --csv \
       "$cli" run "${args[@]}" --iters 1 --warmup 0 2>/dev/null |
     awk -F'","' '/gpu__time_duration/ {
-        name = $5; sub(/\(.*/, "", name); n = split(name, parts, "::"); name = parts[n]; sub(/<.*/, "", name);
+        name = $5; gsub(/\(anonymous namespace\)::|mamba2_ssd::kernels::|cutlass::/, "", name);
+        sub(/\([^()]*\)$/, "", name); sub(/^void /, "", name); gsub(/ /, "", name);
         unit = $(NF-1); v = $NF; gsub(/"/, "", v); gsub(/,/, "", v);
-        if (unit == "nsecond") v = v / 1000.0; else if (unit == "msecond") v = v * 1000.0;
+        if (unit == "nsecond" || unit == "ns") v = v / 1000.0; else if (unit == "msecond" || unit == "ms") v = v * 1000.0;
         t[name] += v } END { for (k in t) printf("%s=%.1fus ", k, t[k]) }')
   echo "[$var] ${graph# *} | $per_kernel"
 done
