@@ -294,8 +294,8 @@ __global__ void __launch_bounds__(st::kThreads)
     if constexpr (sums_only) carry_product *= carry;
     for (int k = 0; k < nsteps; ++k) {
       // Every thread is done with the previous stage (its wgmma completed): its buffer takes the
-      // next load at once, before this step's tiles are waited for, so that two loads are in
-      // flight while the step waits (issued after the wait, the steps ran one load at a time).
+      // next load at once, before this step's tiles are waited for, so that the wait has one more
+      // load in flight (issued after the wait, two stages ran one load at a time).
       __syncthreads();
       // Chunks 0..c-1 are stored (by all threads, before the barrier): publish them, a chunk
       // late and every few chunks (a release per chunk made this kernel 35% slower on the H200).
