@@ -367,11 +367,11 @@ def main(argv=None):
     doc_dir = os.path.dirname(os.path.abspath(a.doc))
     plot_path = os.path.join(doc_dir, PLOT_NAME)
     plot_rel = None
+    drawn = False
     _, _, results, _ = merge(docs)
     if a.placeholder:
         results = []
     if any(r.get("sweep") == "anchor" for r in results):
-        drawn = False
         if not a.no_plot:
             m = docs[0].get("meta") or {}
             title = f"{m.get('gpu', '?')}, torch {m.get('torch')}, triton {m.get('triton')}, {m.get('date_utc', '')}"
@@ -389,7 +389,12 @@ def main(argv=None):
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, a.doc)
-    print(f"make_report: wrote {a.doc}" + (f" and {plot_path}" if plot_rel else ""))
+    if plot_rel and not drawn:
+        # (an existing plot is linked as it is: it may be an earlier run's)
+        print(f"make_report: wrote {a.doc}; {plot_path} not redrawn (--no-plot, matplotlib missing or the plot "
+              "failed), the existing file kept")
+    else:
+        print(f"make_report: wrote {a.doc}" + (f" and {plot_path}" if plot_rel else ""))
     return 0
 
 
