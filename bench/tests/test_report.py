@@ -80,6 +80,21 @@ def test_make_report_preserves_design_log(tmp_path):
     assert text2 != text
 
 
+def test_make_report_says_when_it_keeps_an_old_plot(tmp_path, capsys):
+    doc = synthetic.make()
+    j = tmp_path / "results.json"
+    rio.write_json(str(j), doc)
+    md = tmp_path / "docs" / "PERFORMANCE.md"
+    md.parent.mkdir()
+    old = md.parent / "performance-anchor.png"
+    old.write_bytes(b"an earlier run's plot")
+    assert make_report.main([str(j), "--doc", str(md), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "not redrawn" in out and "kept" in out and "and " + str(old) not in out
+    assert old.read_bytes() == b"an earlier run's plot"
+    assert "](performance-anchor.png)" in md.read_text()  # (still linked)
+
+
 def test_make_report_merge_and_refuse(tmp_path):
     doc = synthetic.make()
     a = dict(doc, results=[r for r in doc["results"] if r["sweep"] == "anchor"], breakdown=None)
