@@ -92,6 +92,9 @@ struct WsLayout {
 
 // A warpgroup's registers from the launch's 168 (3 x 128 threads in 64K) to N: decreased by the
 // roles that give registers up, increased by the others (setmaxnreg.inc waits for them).
+// The parts of a chunk's loads: its input tiles and its meta (chunk_cumsum's outputs).
+constexpr int kInputTiles = 1, kMetaPart = 2;
+
 constexpr int kWsEntryRegs = 65536 / (3 * kThreads) / 8 * 8;
 template <int N>
 __device__ __forceinline__ void setmaxnreg_to() {
@@ -184,7 +187,6 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   if (p.D != nullptr && tid < HP * 64) s_d[tid] = p.D[(h0 + tid / 64) * p.D_sh + (tid % 64) * p.D_sp];
   if constexpr (kRanks > 1) tma::cluster_sync();  // (the other rank's mbarriers are initialised)
   else __syncthreads();
-  pdl_wait_primary();  // (launched early behind the segment sums or chunk_cumsum, see fused_walk_kernel)
   auto slot_of = [&](int i) { return kBlocks ? smem : smem + (i & 1) * L::kSlotBytes; };
   // Where cum_of finds chunk li's meta: in its slot, or (block slots) in the ring after the slots.
   auto meta_buf = [&](const char* buf, int li) -> const char* {
@@ -201,18 +203,21 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 
   // Block slots: C_m and B_m of the chunk of load index li into slot m (block 0 with the chunk's
   // meta, into the ring), and its X_m, each on its part's full barrier.
-  auto load_cb = [&](int li, int m) {
+  // (parts: kInputTiles, kMetaPart or both; see the first loads below)
+  auto load_cb = [&](int li, int m, int parts = kInputTiles | kMetaPart) {
     const ChunkInfo ci = walk_chunk(p, walk, c_first + li);
     char* blk = smem + m * L::kBlockBytes;
     uint64_t* bar = full + m;
     const int tok = static_cast<int>(ci.tok0) + m * kM, row = static_cast<int>(walk.row), n0 = n_base();
-    tma::mbar_arrive_expect(bar, 2 * NK * F::kSlice + (m == 0 ? 3 * q * 4 : 0));
+    if (parts & kInputTiles) {
+      tma::mbar_arrive_expect(bar, 2 * NK * F::kSlice + (m == 0 ? 3 * q * 4 : 0));
 #pragma unroll
-    for (int ks = 0; ks < NK; ++ks) {
-      tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
-      tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
+      for (int ks = 0; ks < NK; ++ks) {
+        tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
+        tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
+      }
     }
-    if (m == 0) {
+    if (m == 0 && (parts & kMetaPart)) {
       const int64_t off = cum_offset(p, walk.row, h0, walk.g0 + c_first + li);
       float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, li), 0));
       tma::load_bulk(meta, p.cum + off, q * 4, bar);
@@ -229,15 +234,14 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
                  static_cast<int>(walk.row));
   };
 
-  if (wg == 0) {
-    // ================= the state warpgroup
-    setmaxnreg_to<kWsStateRegs<NK, HP>>();
-    const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h0);
-    auto issue_chunk = [&](int i) {
-      const ChunkInfo ci = walk_chunk(p, walk, c_first + i);
-      char* buf = slot_of(i);
-      uint64_t* bar = full + (i & 1);
-      const int tok = static_cast<int>(ci.tok0);
+  const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h0);
+  // Chunk slots: chunk i's tiles and meta into its slot (parts as load_cb's).
+  auto issue_chunk = [&](int i, int parts = kInputTiles | kMetaPart) {
+    const ChunkInfo ci = walk_chunk(p, walk, c_first + i);
+    char* buf = slot_of(i);
+    uint64_t* bar = full + (i & 1);
+    const int tok = static_cast<int>(ci.tok0);
+    if (parts & kInputTiles) {
       tma::mbar_arrive_expect(bar, 2 * L::kBlockBytes + HP * 3 * q * 4);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
@@ -252,6 +256,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
           tma::load_4d(&maps.x, bar, const_cast<char*>(x_of(buf, m, j)), 0, tok + m * kM, h32 + j, row32);
         }
       }
+    }
+    if (parts & kMetaPart) {
       const int64_t off0 = cum_offset(p, walk.row, h0, walk.g0 + c_first + i);  // (head h0 + j: + j nchunks Q)
 #pragma unroll
       for (int j = 0; j < HP; ++j) {
@@ -261,21 +267,32 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
         tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
       }
-    };
-    if (tid == 0) {
-      if constexpr (kBlocks) {
-        if (n_total > 0) {
-          load_cb(0, 0);
-          load_x(0);
-          load_cb(0, 1);
-          load_x(1);
-        }
-        if (n_total > 1) load_x(2);
-      } else {
-        if (n_total > 0) issue_chunk(0);
-        if (n_total > 1) issue_chunk(1);
-      }
     }
+  };
+  // The first chunks' loads: the input tiles (C, B, x) before the wait for the kernel before,
+  // which does not write them (the segment sums or chunk_cumsum, each started only after its own
+  // predecessor had ended), the meta (chunk_cumsum's outputs) after it.
+  auto first_loads = [&](int parts) {
+    if constexpr (kBlocks) {
+      if (n_total > 0) {
+        load_cb(0, 0, parts);
+        if (parts & kInputTiles) load_x(0);
+        load_cb(0, 1, parts);
+        if (parts & kInputTiles) load_x(1);
+      }
+      if (n_total > 1 && (parts & kInputTiles)) load_x(2);
+    } else {
+      if (n_total > 0) issue_chunk(0, parts);
+      if (n_total > 1) issue_chunk(1, parts);
+    }
+  };
+  if (tid == 0) first_loads(kInputTiles);
+  pdl_wait_primary();  // (launched early behind the segment sums or chunk_cumsum, see fused_walk_kernel)
+  if (tid == 0) first_loads(kMetaPart);
+
+  if (wg == 0) {
+    // ================= the state warpgroup
+    setmaxnreg_to<kWsStateRegs<NK, HP>>();
     typename F::MmaUpd mma_up;
     auto thr_up = mma_up.get_slice(wtid);
     using HAcc = decltype(partition_fragment_C(mma_up, Shape<_64, Int<F::kN_state>>{}));
@@ -500,7 +517,6 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   SFrag sf;
   constexpr int kCbVals = kM * kN / kThreads;
   const int ra = acc_row<3>(0), rb = acc_row<3>(2);
-  const int row32 = static_cast<int>(walk.row);
   // Block m = ow of every chunk, from H_s(start) (block 0) or H_s(mid) (block 1): S_mm X_m is the
   // only term within the chunk. a_grows: block 1 from H_s(start), with S_10 X_0 (j_first 0).
   // C_m B_j^T is the heads' own (one group), S_mj X_j each head's.

@@ -104,9 +104,13 @@ __global__ void __launch_bounds__(st::kThreads)
   const int tid = threadIdx.x;
   // Launched early behind the stream's previous kernel (see launch_kernel): its writes are read
   // from here on. Only then may compute_out start (it waits on `ready`, which chunk_cumsum
-  // zeroes); fused_walk behind the segment sums waits for their end itself.
-  pdl_wait_primary();
-  pdl_launch_dependents();
+  // zeroes); fused_walk behind the segment sums waits for their end itself. The sums without
+  // chunk_cumsum's work wait further down, after their first tiles' loads.
+  constexpr bool kEarlyTiles = kSumsOnly && !kCumsum;
+  if constexpr (!kEarlyTiles) {
+    pdl_wait_primary();
+    pdl_launch_dependents();
+  }
 
   const int n_tiles = (p.dstate + NT - 1) / NT;
   const int p0 = (blockIdx.x / n_tiles) * st::kP;
@@ -228,10 +232,11 @@ __global__ void __launch_bounds__(st::kThreads)
   const int p32 = p0, n32 = n0, h32 = static_cast<int>(h), g32 = static_cast<int>(grp);
   const int row32 = static_cast<int>(walk.row);
 
-  // Producer cursor over (chunk, step of KS tokens); thread 0 issues the loads.
+  // Producer cursor over (chunk, step of KS tokens); thread 0 issues the loads. (tiles: the x and
+  // B tiles, inputs of the call; weights: chunk_cumsum's, read only after the wait for it)
   int ld_c = 0;  // from c_begin
   int ld_k = 0;
-  auto issue_next = [&](int stage_idx) {
+  auto issue_next = [&](int stage_idx, bool tiles = true, bool weights = true) {
     if (ld_c < n_local) {
       const ChunkInfo ci = walk_chunk(p, walk, c_begin + ld_c);
       const int t0 = ld_k * KS;
@@ -239,20 +244,37 @@ __global__ void __launch_bounds__(st::kThreads)
         char* stage = smem + stage_idx * Tl::kStageBytes;
         uint64_t* bar = bars + stage_idx;
         const int tok = static_cast<int>(ci.tok0 + t0);  // token of the step in the row
-        tma::mbar_arrive_expect(bar, sums_cumsum ? Tl::kLoadBytes - KS * 4 : Tl::kLoadBytes);
-        tma::load_4d(&maps.x, bar, stage, p32, tok, h32, row32);
-        tma::load_4d(&maps.B, bar, stage + Tl::kXBytes, n32, tok, g32, row32);
-        if constexpr (NT == 128) {
-          tma::load_4d(&maps.B, bar, stage + Tl::kXBytes + Tl::kBBytes / 2, n32 + 64, tok, g32, row32);
+        if (tiles) {
+          tma::mbar_arrive_expect(bar, sums_cumsum ? Tl::kLoadBytes - KS * 4 : Tl::kLoadBytes);
+          tma::load_4d(&maps.x, bar, stage, p32, tok, h32, row32);
+          tma::load_4d(&maps.B, bar, stage + Tl::kXBytes, n32, tok, g32, row32);
+          if constexpr (NT == 128) {
+            tma::load_4d(&maps.B, bar, stage + Tl::kXBytes + Tl::kBBytes / 2, n32 + 64, tok, g32, row32);
+          }
         }
-        if constexpr (!sums_cumsum) tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
+        if constexpr (!sums_cumsum) {
+          if (weights) tma::load_bulk(stage + Tl::kWOffset, w_walk + (c_begin + ld_c) * p.chunk + t0, KS * 4, bar);
+        }
       }
       if (++ld_k * KS >= ci.count) { ld_k = 0; ++ld_c; }
     }
   };
 
+  if constexpr (kEarlyTiles) {
+    // The first stages' tiles before the wait for chunk_cumsum, which does not write them (it
+    // starts this kernel only once the kernel before it has ended); their weights after it.
 #pragma unroll 1
-  for (int s = 0; s < kStages - 1; ++s) issue_next(s);
+    for (int s = 0; s < kStages - 1; ++s) issue_next(s, true, false);
+    pdl_wait_primary();
+    pdl_launch_dependents();
+    ld_c = 0;
+    ld_k = 0;
+#pragma unroll 1
+    for (int s = 0; s < kStages - 1; ++s) issue_next(s, false, true);
+  } else {
+#pragma unroll 1
+    for (int s = 0; s < kStages - 1; ++s) issue_next(s);
+  }
   if constexpr (sums_cumsum) {
 #pragma unroll
     for (int i = 0; i < kItemsPerWarp; ++i) {
