@@ -90,11 +90,11 @@ struct WsLayout {
   static constexpr int kBytes = 1024 + kBars + (kBlockSlots ? 14 + 2 * (kRanks - 1) : 8) * 8;
 };
 
-// A warpgroup's registers from the launch's 168 (3 x 128 threads in 64K) to N: decreased by the
-// roles that give registers up, increased by the others (setmaxnreg.inc waits for them).
 // The parts of a chunk's loads: its input tiles and its meta (chunk_cumsum's outputs).
 constexpr int kInputTiles = 1, kMetaPart = 2;
 
+// A warpgroup's registers from the launch's 168 (3 x 128 threads in 64K) to N: decreased by the
+// roles that give registers up, increased by the others (setmaxnreg.inc waits for them).
 constexpr int kWsEntryRegs = 65536 / (3 * kThreads) / 8 * 8;
 template <int N>
 __device__ __forceinline__ void setmaxnreg_to() {
