@@ -6,7 +6,8 @@ chunk slots (dstate <= 128: two chunks' tiles, refilled by the state warpgroup),
 warpgroup once the state warpgroup, and for block 0 block 1's, are done with them too, and a
 ring of three X tiles, in which each block's output is staged in place before the tile is
 refilled), and block slots on two ranks (dstate 257-512: two CTAs of a cluster, each rank
-finishing one block with the other's partial; random schedules beyond one chunk).
+finishing one block with the other's partial; B_m refilled by whichever of its readers releases
+it last, C_m by its block's warpgroup, the meta in a ring of four; random schedules).
 
 Each warpgroup is one actor whose program is the kernel's sequence of mbarrier waits, arrivals
 and load issues per chunk (its 128 threads' arrivals count as one arrival here; the kernel's
@@ -28,7 +29,14 @@ from collections import deque
 # arrivals that complete a phase: the tiles (one TMA arrival), a slot's release (the warpgroups
 # that read it: all three, block slots' block 1 two), H_s written (the state warpgroup), H_s read
 # (both output warpgroups)
-def need(blocks):
+def need(blocks, claims=False, a_grows=False):
+    if claims:
+        # (two ranks: empty0/empty1 B_m's readers, block 1's of B_0 with a_grows only; fullc/emptyc
+        # C_m's bytes and its block's release; fullm0-3 the meta ring's bytes)
+        d = need(True)
+        d.update({"empty0": 3 if a_grows else 2, "empty1": 2, "fullc0": 1, "fullc1": 1, "emptyc0": 1, "emptyc1": 1,
+                  "fullm0": 1, "fullm1": 1, "fullm2": 1, "fullm3": 1})
+        return d
     if not blocks:
         return {"full0": 1, "full1": 1, "empty0": 3, "empty1": 3, "hs_full0": 1, "hs_full1": 1, "hs_empty0": 2,
                 "hs_empty1": 2}
@@ -41,7 +49,9 @@ def need(blocks):
 
 
 NAMES = list(need(True))
-LANDS = {"cb0": "full0", "cb1": "full1", "x0": "fullx0", "x1": "fullx1", "x2": "fullx2", 0: "full0", 1: "full1"}
+LANDS = {"cb0": "full0", "cb1": "full1", "x0": "fullx0", "x1": "fullx1", "x2": "fullx2", 0: "full0", 1: "full1",
+         "b0": "full0", "b1": "full1", "c0": "fullc0", "c1": "fullc1", "m0": "fullm0", "m1": "fullm1", "m2": "fullm2",
+         "m3": "fullm3"}
 
 
 def state_program(n_chunks):
@@ -153,28 +163,108 @@ def output_program_blocks(n_chunks, m, a_grows, ranks=1, rank=0, other=None):
     return ops
 
 
+def state_program_claims(n_chunks):
+    """Two ranks, warpgroup 0: loads B_m and C_m of both blocks of chunk 0, X tiles 0-2 and the
+    meta of chunks 0-1, then per chunk H_s(start) once the chunk's meta has landed, block 0's
+    update and the release of its B_0 and X tile, H_s(mid), block 1's update and the release of
+    its. A release ("release", barrier, load) is an arrival that issues the load if it completes
+    the phase (the kernel's last arriving warp claims the refill)."""
+    ops = []
+    if n_chunks > 0:
+        ops = [("issue", "b0"), ("issue", "c0"), ("issue", "x0"), ("issue", "b1"), ("issue", "c1"), ("issue", "x1"),
+               ("issue", "m0")]
+    if n_chunks > 1:
+        ops += [("issue", "m1"), ("issue", "x2")]
+    for c in range(n_chunks):
+        ph = c & 1
+        more = c + 1 < n_chunks
+        (s0, p0), (s1, p1) = x_ring(2 * c), x_ring(2 * c + 1)
+        ops += [("wait", "hs_empty0", ph ^ 1), ("wait", "fullm%d" % (c % 4), (c // 4) & 1), ("arrive", "hs_full0"),
+                ("wait", "full0", ph), ("wait", "fullx" + s0, p0), ("arrive", "emptyx" + s0),
+                ("release", "empty0", "b0" if more else None), ("wait", "hs_empty1", ph ^ 1), ("arrive", "hs_full1"),
+                ("wait", "full1", ph), ("wait", "fullx" + s1, p1), ("arrive", "emptyx" + s1),
+                ("release", "empty1", "b1" if more else None)]
+    return ops
+
+
+def output_program_claims(n_chunks, m, a_grows, rank, other):
+    """Two ranks, warpgroup 1 + m: block m of every chunk, as output_program_blocks, but B_m is
+    released after C B^T (a_grows, block 1: B_0 there, B_1 after C_1 B_1^T) for whichever reader
+    is last to refill, C_m refilled by this warpgroup after it (block 0 with the meta of chunk
+    c + 2, into the ring slot of chunk c - 2), and block 1 reads the meta in its ring."""
+    ops = []
+    sends = m != rank
+    for c in range(n_chunks):
+        ph = c & 1
+        more = c + 1 < n_chunks
+        n = 2 * c + m
+        sx, px = x_ring(n)
+
+        def refill_c():
+            out = [("arrive", "emptyc%d" % m)]
+            if more:
+                out += [("wait", "emptyc%d" % m, ph), ("issue", "c%d" % m)]
+                if m == 0 and c + 2 < n_chunks:
+                    out += [("issue", "m%d" % ((c + 2) % 4))]
+            return out
+
+        ops += [("wait", "full%d" % m, ph), ("wait", "fullc%d" % m, ph), ("wait", "fullm%d" % (c % 4), (c // 4) & 1)]
+        if m == 1 and a_grows:
+            ops += [("wait", "full0", ph)]
+        if m == 0:
+            ops += [("arrive", "emptyx" + x_ring(n + 1)[0])]
+        ops += [("wait", "hs_full%d" % m, ph)]
+        if m == 1:
+            s0, p0 = x_ring(n - 1)
+            ops += [("wait", "fullx" + s0, p0)]
+            if not a_grows:
+                ops += [("arrive", "emptyx" + s0), ("arrive", "hs_empty0")]
+        # C H^T done: H_s copy m released (the receiver: the sender's pfree)
+        if m == 1 and a_grows:
+            ops += [("arrive", "hs_empty0")] + ([("arrive", "nb2")] if rank == 0 else [])
+        if sends:
+            ops += [("arrive", "hs_empty%d" % m)]
+        else:
+            ops += ([("arrive", "nb2"), ("wait", "nb2", ph)] if (m == 0 and a_grows) else []) + [("arrive", other["pfree"])]
+        # C B^T done
+        if m == 1 and a_grows:
+            ops += [("release", "empty0", "b0" if more else None)]
+            ops += [("arrive", "emptyx" + s0), ("release", "empty1", "b1" if more else None)] + refill_c()
+        else:
+            ops += [("release", "empty%d" % m, "b%d" % m if more else None)] + refill_c()
+        ops += [("wait", "fullx" + sx, px)]
+        if sends:
+            ops += [("wait", "pfree", ph), ("send", other["pfull"])]
+        else:
+            ops += [("arrive", "pfull"), ("wait", "pfull", ph), ("arrive", "hs_empty%d" % m)]
+        ops += [("wait", "emptyx" + sx, px)]
+        if (n + 3) // 2 < n_chunks:
+            ops += [("issue", "x" + x_ring(n + 3)[0])]
+    return ops
+
+
 def qualified(ops, prefix):
     """The program's barrier names and load tags with its rank's prefix (names with a ':' are
     another rank's already)."""
     def q(x):
         return x if not isinstance(x, str) or ":" in x else prefix + x
-    return [(op[0], q(op[1])) + tuple(op[2:]) for op in ops]
+    return [(op[0], q(op[1])) + ((q(op[2]),) if op[0] == "release" else tuple(op[2:])) for op in ops]
 
 
 def find_deadlock(n_chunks, a_grows, block1_waits_mid=True, blocks=False, ranks=1, runs=0, seed=1, mutate=None):
     """None if every interleaving finishes, else a description of a state where no actor can move.
     ranks 2 (block slots): the two CTAs of a cluster, each of three warpgroups; their interleavings
-    are too many to visit beyond one chunk, so with runs > 0 that many random schedules are run to
-    their end instead (each move, load landing included, equally likely at every step). mutate:
+    are too many to visit (with the refill claims, even those of one chunk), so with runs > 0 that
+    many random schedules are run to their end instead (each move, load landing included, equally likely at every step). mutate:
     applied to the list of programs (and their names) before the search, for testing the checker."""
     if ranks == 2:
         progs, who = [], []
         for r in (0, 1):
             other = {"pfull": "r%d:pfull" % (1 - r), "pfree": "r%d:pfree" % (1 - r)}
-            progs.append(qualified(state_program_blocks(n_chunks), "r%d:" % r))
-            progs += [qualified(output_program_blocks(n_chunks, m, a_grows, 2, r, other), "r%d:" % r) for m in (0, 1)]
+            progs.append(qualified(state_program_claims(n_chunks), "r%d:" % r))
+            progs += [qualified(output_program_claims(n_chunks, m, a_grows, r, other), "r%d:" % r) for m in (0, 1)]
             who += ["rank %d state:" % r, "rank %d block 0:" % r, "rank %d block 1:" % r]
-        needs = {"r%d:%s" % (r, k): v for r in (0, 1) for k, v in need(True).items()}
+        needs = {"r%d:%s" % (r, k): v for r in (0, 1) for k, v in need(True, True, a_grows).items()}
     elif blocks:
         progs = [state_program_blocks(n_chunks)] + [output_program_blocks(n_chunks, m, a_grows) for m in (0, 1)]
         needs, who = need(True), ["state:", "block 0:", "block 1:"]
@@ -200,10 +290,12 @@ def find_deadlock(n_chunks, a_grows, block1_waits_mid=True, blocks=False, ranks=
             if op[0] == "wait":
                 if bars[index[op[1]]][0] % 2 == op[2]:
                     continue  # blocked
-            elif op[0] == "arrive":
+            elif op[0] in ("arrive", "release"):
                 i = index[op[1]]
                 k, count = nb[i]
                 nb[i] = (k + 1, 0) if count + 1 == needs[op[1]] else (k, count + 1)
+                if op[0] == "release" and count + 1 == needs[op[1]] and op[2] is not None:
+                    nl.add(op[2])  # (the last reader's release issues the refill)
             else:  # a TMA load or a partial sent: in flight until it lands
                 nl.add(op[1])
             npcs = list(pcs)
@@ -247,10 +339,11 @@ def main():
             d = find_deadlock(n, a_grows, blocks=True)
             print("chunks %d, A %s 0, block slots: %s" % (n, ">" if a_grows else "<=", d or "no deadlock"))
             bad |= d is not None
-            # (two CTAs of six warpgroups: every interleaving of one chunk, random ones beyond)
-            d = find_deadlock(n, a_grows, ranks=2, runs=0 if n == 1 else 3000)
-            print("chunks %d, A %s 0, block slots on two ranks%s: %s" %
-                  (n, ">" if a_grows else "<=", "" if n == 1 else " (3000 random schedules)", d or "no deadlock"))
+            # (two CTAs of six warpgroups: random interleavings; with the claims' barriers even one
+            # chunk's are too many to visit)
+            d = find_deadlock(n, a_grows, ranks=2, runs=3000)
+            print("chunks %d, A %s 0, block slots on two ranks (3000 random schedules): %s" %
+                  (n, ">" if a_grows else "<=", d or "no deadlock"))
             bad |= d is not None
     return 1 if bad else 0
 

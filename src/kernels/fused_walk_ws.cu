@@ -48,7 +48,12 @@ namespace st = state_tile;
 // rank's output warpgroups compute both blocks' outputs over its columns, and block m is finished
 // by rank m, whose warpgroup of block m adds the 64 x 64 fp32 partial that the other rank's sends
 // (st.async) into slices 1-2 of its H_s copy m, free once its C H^T has read them and released
-// once the partial is read; the sender stages nothing and stores nothing.
+// once the partial is read; the sender stages nothing and stores nothing. There the parts of a
+// block slot have barriers of their own (kClaims): B_m is refilled by whichever of its readers
+// releases it last (the state warpgroup after its update, or block m's after C B^T), C_m by its
+// block's warpgroup after C H^T and C B^T, the meta in a ring of four two chunks ahead, so that
+// an output warpgroup no longer waits for the state's update to refill its slot (dstate 512
+// 1.9-3.2% faster from 4K tokens; one rank lost 4.5-5.6% with it and keeps one refill, v46).
 // (registers: state + 2 x output <= 3 x 168, 64K per SM; two heads per CTA take 8 more for the state)
 template <int NK, int HP>
 constexpr int kWsStateRegs = NK == 4 ? 192 : HP == 1 ? 144 : 152;
@@ -65,12 +70,14 @@ struct WsLayout {
   // block m: C_m, B_m slices, X_m of each head (block slots: X in a ring of its own, below)
   static constexpr int kBlockBytes = (2 * NK + (kBlockSlots ? 0 : HP)) * F::kSlice;
   static constexpr int kMetaBytes = 3 * kQ * 4;                   // a head's cum, dt' (then e), w
-  // A slot: blocks 0, 1 and the meta of a chunk; with block slots one block, the meta of the
-  // chunks of even and odd rank after both slots (it lands with block 0; block 1's output
-  // reads it after block 0's slot has been refilled).
+  // A slot: blocks 0, 1 and the meta of a chunk; with block slots one block, and the chunks'
+  // meta in a ring after both slots, chunk li's at li % kMetaSlots: one rank two (it lands with
+  // block 0; block 1's output reads it after block 0's slot has been refilled), two ranks four
+  // (on barriers of their own, see kClaims).
   static constexpr int kSlotBytes =
       kBlockSlots ? kBlockBytes : (2 * kBlockBytes + HP * kMetaBytes + 1023) / 1024 * 1024;
-  static constexpr int kMetaRing = kBlockSlots ? (2 * HP * kMetaBytes + 1023) / 1024 * 1024 : 0;
+  static constexpr int kMetaSlots = kRanks > 1 ? 4 : 2;
+  static constexpr int kMetaRing = kBlockSlots ? (kMetaSlots * HP * kMetaBytes + 1023) / 1024 * 1024 : 0;
   static constexpr int kHsBytes = HP * NK * F::kSlice;  // a copy of H_s: head i at i NK slices
   static constexpr int kStageBytes = kM * kN * 2;       // an output block in T
   // Block slots: the X tiles in a ring of three, tile n (2 li + m: block m of the chunk of load
@@ -80,15 +87,22 @@ struct WsLayout {
   static constexpr int x_tile(int n) { return kXRing + (n % 3) * F::kSlice; }
   static constexpr uint32_t x_phase(int n) { return static_cast<uint32_t>(n / 3) & 1u; }  // (of its barriers)
   // [slot 0][slot 1]([meta 0][meta 1][X ring])[H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at
-  // HP w + i; none with block slots][D: HP x 64][mbarriers: 8, 14 with block slots, 16 with two ranks]
+  // HP w + i; none with block slots][D: HP x 64][mbarriers: 8, 14 with block slots; two ranks 24, the two refill claims and B's origin]
   static constexpr int kHs = 2 * kSlotBytes + kMetaRing + kXRingBytes;
   static constexpr int kStage = kHs + 2 * kHsBytes;
   static constexpr int kD = kStage + (kBlockSlots ? 0 : 2 * HP * kStageBytes);
   static_assert(!kBlockSlots || HP == 1, "block slots: one head per CTA");
   static_assert(kRanks == 1 || kBlockSlots, "two ranks: block slots");
   static constexpr int kBars = kD + HP * 64 * 4;
-  static constexpr int kBytes = 1024 + kBars + (kBlockSlots ? 14 + 2 * (kRanks - 1) : 8) * 8;
+  static constexpr int kBytes = 1024 + kBars + (kBlockSlots ? (kRanks > 1 ? 30 : 14) : 8) * 8;
 };
+
+// This thread's lane, read from its special register where it is used.
+__device__ __forceinline__ int lane_id_now() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
 
 // The parts of a chunk's loads: its input tiles and its meta (chunk_cumsum's outputs).
 constexpr int kInputTiles = 1, kMetaPart = 2;
@@ -116,6 +130,10 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   using L = WsLayout<T, NK, HP, kRanks>;
   constexpr int q = L::kQ;
   constexpr bool kBlocks = L::kBlockSlots;
+  // Two ranks: B_m is refilled by whichever of its readers releases it last, C_m by its block's
+  // warpgroup, the meta apart (below; one rank: the order of every part, measured 4.5-5.6%
+  // slower there with this protocol, 1.8-2.3% faster on two ranks, design log v46).
+  constexpr bool kClaims = kBlocks && kRanks > 1;
   // The CTA's rank and its first state column (read where used, as in fused_walk_kernel).
   auto rank_now = [&]() { return kRanks == 1 ? 0 : static_cast<int>(tma::cluster_rank()); };
   auto n_base = [&]() { return rank_now() * NK * kN; };
@@ -150,9 +168,14 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   uint64_t* empty = bars + 2;     // [slot]: every thread that reads the slot is done with it
   uint64_t* hs_full = bars + 4;   // [slot]: H_s written (the state warpgroup)
   uint64_t* hs_empty = bars + 6;  // [slot]: C H^T has read it (the output warpgroups)
-  // Block slots: full and empty are block m's C_m and B_m (block 0's with the chunk's meta); H_s
-  // copy m is released once block m's C H^T has read it (copy 0 once block 1's has too; two
-  // ranks: the receiver's once it has read the partial there).
+  // Block slots: full and empty are block m's C_m and B_m (block 0's with the chunk's meta). With
+  // kClaims they are B_m's alone, full_c and empty_c C_m's, which only block m's warpgroup
+  // reads: B_m's readers (the state warpgroup's update, block m's C B^T; with a_grows block 1's
+  // C_1 B_0^T) release it by warps, and the warp whose release completes the phase refills it
+  // (claim_b: the load index last refilled), so that no warpgroup waits for another's release
+  // to issue the load; full_m[li % 4]: chunk li's meta landed in its ring. H_s copy m is
+  // released once block m's C H^T has read it (copy 0 once block 1's has too; two ranks: the
+  // receiver's once it has read the partial there).
   // Block slots: the X ring's, [n % 3] for tile n: full_x its bytes, empty_x the readers of tile n
   // but its block's warpgroup (the state warpgroup, and the other block's: block 1 reads X_0 with
   // a_grows and arrives either way, block 0 arrives for X_1 without reading it) are done with it;
@@ -164,11 +187,26 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   // rank sends has read the H_s copy that takes it (128 arrivals from there).
   uint64_t* part_full = kRanks > 1 ? bars + 14 : nullptr;
   uint64_t* part_free = kRanks > 1 ? bars + 15 : nullptr;
+  uint64_t* full_c = kClaims ? bars + 16 : nullptr;
+  uint64_t* empty_c = kClaims ? bars + 18 : nullptr;
+  uint64_t* full_m = kClaims ? bars + 20 : nullptr;
+  int* claim_b = kClaims ? reinterpret_cast<int*>(bars + 24) : nullptr;
+  // (kClaims: the load origin of C_m and B_m, chunk 0's token, the group and the row, and of the
+  // meta, chunk 0's offset, read from here by the refills, which then keep no registers for them)
+  int* b_origin = kClaims ? reinterpret_cast<int*>(bars + 25) : nullptr;
+  int64_t* meta_origin = kClaims ? reinterpret_cast<int64_t*>(bars + 27) : nullptr;
+  // (kClaims: the final states' offset, -1 where this CTA stores none, and the chunk states' of
+  // chunk c_begin, read by the state warpgroup where it stores them: kept in registers through
+  // the walk, values spilled)
+  int64_t* fin_origin = kClaims ? reinterpret_cast<int64_t*>(bars + 28) : nullptr;
+  int64_t* st_origin = kClaims ? reinterpret_cast<int64_t*>(bars + 29) : nullptr;
   float* s_d = reinterpret_cast<float*>(smem + L::kD);  // [head][p]
   if (tid == 0) {
     for (int s = 0; s < 2; ++s) {
       tma::mbar_init(full + s, 1);
-      tma::mbar_init(empty + s, (kBlocks && s == 1 ? 2 : 3) * kThreads);  // (block 1: not read by block 0's)
+      // (block slots: block 1 not read by block 0's warpgroup; kClaims: by warps, B_0 read by
+      // block 1's warpgroup with a_grows only)
+      tma::mbar_init(empty + s, kClaims ? (s == 0 && a_grows[0] ? 3 : 2) * 4 : (kBlocks && s == 1 ? 2 : 3) * kThreads);
       tma::mbar_init(hs_full + s, kThreads);
       tma::mbar_init(hs_empty + s, (kBlocks && s == 1 ? 1 : 2) * kThreads);
     }
@@ -177,6 +215,20 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         tma::mbar_init(full_x + s, 1);
         tma::mbar_init(empty_x + s, 2 * kThreads);
       }
+    }
+    if constexpr (kClaims) {
+      for (int s = 0; s < 4; ++s) tma::mbar_init(full_m + s, 1);
+      for (int s = 0; s < 2; ++s) {
+        tma::mbar_init(full_c + s, 1);
+        tma::mbar_init(empty_c + s, kThreads);
+        claim_b[s] = 0;
+      }
+      b_origin[0] = static_cast<int>(walk_chunk(p, walk, c_first).tok0);
+      b_origin[1] = static_cast<int>(grp);
+      b_origin[2] = static_cast<int>(walk.row);
+      *meta_origin = cum_offset(p, walk.row, h0, walk.g0 + c_first);
+      *fin_origin = p.final_states != nullptr && c_end == walk.nchunks ? walk.walk * p.fin_sb + h0 * p.fin_sh : -1;
+      *st_origin = walk.row * p.st_sb + (walk.g0 + c_begin) * p.st_sc + h0 * p.st_sh;
     }
     if constexpr (kRanks > 1) {
       tma::mbar_init(part_full, 1);
@@ -190,7 +242,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   auto slot_of = [&](int i) { return kBlocks ? smem : smem + (i & 1) * L::kSlotBytes; };
   // Where cum_of finds chunk li's meta: in its slot, or (block slots) in the ring after the slots.
   auto meta_buf = [&](const char* buf, int li) -> const char* {
-    return kBlocks ? smem + (li & 1) * HP * L::kMetaBytes : buf;
+    return kBlocks ? smem + (li % L::kMetaSlots) * HP * L::kMetaBytes : buf;
   };
   // The parity of chunk li's phase of its slot's barriers (chunk slots: every other chunk's).
   auto slot_ph = [](int li) { return kBlocks ? static_cast<uint32_t>(li) & 1u : static_cast<uint32_t>(li >> 1) & 1u; };
@@ -225,6 +277,62 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
     }
   };
+  // kClaims: B_m of the chunk of load index li into slot m on full[m], C_m on full_c[m], the
+  // chunk's meta into its ring on full_m.
+  auto load_b = [&](int li, int m) {
+    const volatile int* o = b_origin;
+    char* blk = smem + m * L::kBlockBytes;
+    uint64_t* bar = full + m;
+    const int tok = o[0] + li * q + m * kM, g = o[1], row = o[2], n0 = n_base();
+    tma::mbar_arrive_expect(bar, NK * F::kSlice);
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok, g, row);
+  };
+  auto load_meta = [&](int li) {
+    const int64_t off = *static_cast<const volatile int64_t*>(meta_origin) + static_cast<int64_t>(li) * p.chunk;
+    float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, li), 0));
+    uint64_t* bar = full_m + li % 4;
+    tma::mbar_arrive_expect(bar, 3 * q * 4);
+    tma::load_bulk(meta, p.cum + off, q * 4, bar);
+    tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
+    tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+  };
+  auto load_c = [&](int li, int m) {
+    const volatile int* o = b_origin;
+    char* blk = smem + m * L::kBlockBytes;
+    uint64_t* bar = full_c + m;
+    const int tok = o[0] + li * q + m * kM, g = o[1], row = o[2], n0 = n_base();
+    tma::mbar_arrive_expect(bar, NK * F::kSlice);
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok, g, row);
+  };
+  // kClaims: this warp's release of B_m of the chunk of load index li (its lanes' reads
+  // done: wgmma waited for, the warp synchronised); the warp whose arrival completes the phase,
+  // or one that sees it completed, claims the refill with chunk li + 1's.
+  auto release_b = [&](int li, int m) {
+    __syncwarp();
+    if (lane == 0) {
+      tma::mbar_arrive(empty + m);
+      if (li + 1 < n_total && tma::mbar_test(empty + m, static_cast<uint32_t>(li) & 1u) &&
+          atomicCAS(claim_b + m, li, li + 1) == li) {
+        load_b(li + 1, m);
+      }
+    }
+    __syncwarp();
+  };
+  // kClaims: C_m of chunk li released by its block's warpgroup and refilled with chunk li + 1's.
+  auto release_c = [&](int li, int m) {
+    tma::mbar_arrive(empty_c + m);
+    if (wtid == 0 && li + 1 < n_total) {
+      tma::mbar_wait(empty_c + m, static_cast<uint32_t>(li) & 1u);
+      load_c(li + 1, m);
+      // (block 0: chunk li + 2's meta into the ring slot of chunk li - 2, which every reader is
+      // done with: the state warpgroup wrote this chunk's H_s(start) after both output
+      // warpgroups' releases of chunk li - 1's, each made after its last read of chunk li - 2's)
+      if (m == 0 && li + 2 < n_total) load_meta(li + 2);
+    }
+    __syncwarp();
+  };
   // (tile n: X of block n % 2 of the chunk of load index n / 2, into the ring)
   auto load_x = [&](int n) {
     const ChunkInfo ci = walk_chunk(p, walk, c_first + n / 2);
@@ -235,7 +343,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   };
 
   const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h0);
-  // Chunk slots: chunk i's tiles and meta into its slot (parts as load_cb's).
+  // Chunk slots: chunk i's tiles and meta into its slot (parts as load_b's).
   auto issue_chunk = [&](int i, int parts = kInputTiles | kMetaPart) {
     const ChunkInfo ci = walk_chunk(p, walk, c_first + i);
     char* buf = slot_of(i);
@@ -273,7 +381,21 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   // which does not write them (the segment sums or chunk_cumsum, each started only after its own
   // predecessor had ended), the meta (chunk_cumsum's outputs) after it.
   auto first_loads = [&](int parts) {
-    if constexpr (kBlocks) {
+    if constexpr (kClaims) {
+      if (n_total > 0 && (parts & kInputTiles)) {
+        load_b(0, 0);
+        load_c(0, 0);
+        load_x(0);
+        load_b(0, 1);
+        load_c(0, 1);
+        load_x(1);
+      }
+      if (parts & kMetaPart) {
+        if (n_total > 0) load_meta(0);
+        if (n_total > 1) load_meta(1);
+      }
+      if (n_total > 1 && (parts & kInputTiles)) load_x(2);
+    } else if constexpr (kBlocks) {
       if (n_total > 0) {
         load_cb(0, 0, parts);
         if (parts & kInputTiles) load_x(0);
@@ -384,8 +506,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       tma::mbar_arrive(empty + (i & 1));
     }
     if constexpr (kBlocks) {
-      // Block slots: each block's C_m B_m and X tile are released after the update with it; the
-      // output warpgroups refill them. The chunk's meta is in its ring (meta_buf), X in the X ring.
+      // Block slots: each block's C_m B_m (kClaims: B_m) and X tile are released after the update
+      // with it; the output warpgroups refill them (kClaims: B_m whichever of its readers
+      // releases it last). The chunk's meta is in its ring (meta_buf), X in the X ring.
 #pragma unroll 1
       for (int c_rel = 0; c_rel < n_local; ++c_rel) {
         const int64_t c = c_begin + c_rel;
@@ -394,7 +517,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         if (c_rel + 1 < n_local) carry_next[0] = carry_walk[c + 1];
         float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, c_rel), 0));
         write_hs(0, ph);
-        tma::mbar_wait(full, ph);
+        if constexpr (kClaims) tma::mbar_wait(full_m + c_rel % 4, static_cast<uint32_t>(c_rel / 4) & 1u);
+        else tma::mbar_wait(full, ph);
         {
           const float e = (a_grows[0] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
           meta[q + wtid] = e;
@@ -405,11 +529,17 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         const float cum_mid = meta[kM - 1];
         const float s0[1] = {a_grows[0] ? carry : fast_exp2(cum_mid)};
         const int n0 = 2 * c_rel;  // (block 0's X tile)
+        if constexpr (kClaims) tma::mbar_wait(full, ph);
         tma::mbar_wait(full_x + n0 % 3, L::x_phase(n0));
         update_w(smem, smem + L::x_tile(n0), meta, 0, s0);
         fence_async_shared();  // (block 0's X read by ldmatrix)
-        tma::mbar_arrive(empty);
-        tma::mbar_arrive(empty_x + n0 % 3);
+        if constexpr (kClaims) {
+          tma::mbar_arrive(empty_x + n0 % 3);
+          release_b(c_rel, 0);
+        } else {
+          tma::mbar_arrive(empty);
+          tma::mbar_arrive(empty_x + n0 % 3);
+        }
         write_hs(1, ph);
         tma::mbar_arrive(hs_full + 1);
         tma::mbar_wait(full + 1, ph);
@@ -417,11 +547,17 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         const float s1[1] = {a_grows[0] ? 1.0f : fast_exp2(meta[q - 1] - cum_mid)};
         update_w(smem, smem + L::x_tile(n0 + 1), meta, 1, s1);
         fence_async_shared();
-        tma::mbar_arrive(empty + 1);
-        tma::mbar_arrive(empty_x + (n0 + 1) % 3);
+        if constexpr (kClaims) {
+          tma::mbar_arrive(empty_x + (n0 + 1) % 3);
+          release_b(c_rel, 1);
+        } else {
+          tma::mbar_arrive(empty + 1);
+          tma::mbar_arrive(empty_x + (n0 + 1) % 3);
+        }
         if (p.states != nullptr) {
-          char* dst = static_cast<char*>(p.states) + (walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h0 * p.st_sh) *
-                                                         (int64_t)dtype_size_dev(p.state_dtype);
+          const int64_t off = kClaims ? *static_cast<const volatile int64_t*>(st_origin) + c_rel * p.st_sc
+                                      : walk.row * p.st_sb + (walk.g0 + c) * p.st_sc + h0 * p.st_sh;
+          char* dst = static_cast<char*>(p.states) + off * (int64_t)dtype_size_dev(p.state_dtype);
           st::store_tile<1>(hacc[0], dst, p.state_dtype, p.st_sp, 0, n_base(), p);
         }
       }
@@ -490,7 +626,13 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         }
       }
     }
-    if (p.final_states != nullptr && c_end == walk.nchunks) {
+    if constexpr (kClaims) {
+      const int64_t fin = *static_cast<const volatile int64_t*>(fin_origin);
+      if (fin >= 0) {
+        char* dst = static_cast<char*>(p.final_states) + fin * (int64_t)dtype_size_dev(p.fin_dtype);
+        st::store_tile<1>(hacc[0], dst, p.fin_dtype, p.fin_sp, 0, n_base(), p);
+      }
+    } else if (p.final_states != nullptr && c_end == walk.nchunks) {
 #pragma unroll
       for (int i = 0; i < HP; ++i) {
         char* dst = static_cast<char*>(p.final_states) +
@@ -546,66 +688,30 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     char* buf = slot_of(li);
     const char* meta_c = meta_buf(buf, li);
     char* blk = buf + m * L::kBlockBytes;
-    tma::mbar_wait(full + (kBlocks ? m : li & 1), ph);
-    if constexpr (kBlocks) {
-      // Block 1 reads the chunk's meta, which lands with block 0's C_0 and B_0, and with a_grows
-      // B_0, X_0 and H_s(start) (released below once read); otherwise nothing of block 0's. (Each
-      // release follows the wait for what it releases, so that it counts for this chunk's phase.)
-      if (m == 1) {
-        tma::mbar_wait(full, ph);
-        if (j_low == 1) tma::mbar_arrive(empty);
-      }
-      // (block 0 for X_1, which it does not read: the ring's previous tile in that slot, X_0 of
-      // the chunk before, was waited for by this warpgroup, which orders the arrival after it)
-      if (m == 0) tma::mbar_arrive(empty_x + (2 * li + 1) % 3);
-    }
-    // Block m waits for H_s slot m, block 1 with a_grows too, where it reads H_s(start) (written
-    // before H_s(mid), whose signal releases both): its release of H_s(mid) below must follow the
-    // state warpgroup's write of this chunk's. (Released earlier, the releases of two chunks could
-    // complete H_s(mid)'s phases before the state warpgroup waits for the first, and its parity
-    // wait would never return: scripts/ws_barrier_model.py.)
-    tma::mbar_wait(hs_full + m, hph);
-    if constexpr (kBlocks) {
-      // (X_0 landed before the state's update with it, which H_s(mid) follows)
-      if (m == 1) {
-        tma::mbar_wait(full_x + (2 * li) % 3, L::x_phase(2 * li));
-        if (j_low == 1) {
-          tma::mbar_arrive(empty_x + (2 * li) % 3);
-          tma::mbar_arrive(hs_empty);
-        }
-      }
-    }
     auto issue_cb = [&](int j) {
       wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutB>(mma_cb, thr_cb, blk,
                                                                        buf + j * L::kBlockBytes + NK * F::kSlice, cb);
     };
+    auto issue_ch = [&]() {
 #pragma unroll
-    for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
-    warpgroup_fence_operand(cb);
-    warpgroup_arrive();
-#pragma unroll
-    for (int i = 0; i < HP; ++i) {
-      wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk,
-                                                                       hs_of(from_mid[i] ? 1 : 0, i), acc[i]);
-    }
-    // Two ranks: C H^T in a wgmma group of its own, so that H_s copy m is released (the receiver:
-    // part_free) once C H^T is done rather than C B^T too (v40; with one rank, the output
-    // warpgroups then spilled).
-    constexpr bool kEarlyHs = kBlocks && kRanks > 1;
-    if constexpr (kEarlyHs) warpgroup_commit_batch();
-    issue_cb(j_low);
-    warpgroup_commit_batch();
+      for (int i = 0; i < HP; ++i) {
+        wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk,
+                                                                         hs_of(from_mid[i] ? 1 : 0, i), acc[i]);
+      }
+    };
     // (each head's cum at the thread's rows, and its factors of C H^T: exp2(cum_t - cum at H_s))
     float ct0[HP], ct1[HP], f0[HP], f1[HP];
+    auto factors = [&]() {
 #pragma unroll
-    for (int i = 0; i < HP; ++i) {
-      const float* s_cum = cum_of(meta_c, i);
-      const float c_ref = from_mid[i] ? s_cum[kM - 1] : 0.0f;
-      ct0[i] = s_cum[t0];
-      ct1[i] = s_cum[t1];
-      f0[i] = fast_exp2(ct0[i] - c_ref);
-      f1[i] = fast_exp2(ct1[i] - c_ref);
-    }
+      for (int i = 0; i < HP; ++i) {
+        const float* s_cum = cum_of(meta_c, i);
+        const float c_ref = from_mid[i] ? s_cum[kM - 1] : 0.0f;
+        ct0[i] = s_cum[t0];
+        ct1[i] = s_cum[t1];
+        f0[i] = fast_exp2(ct0[i] - c_ref);
+        f1[i] = fast_exp2(ct1[i] - c_ref);
+      }
+    };
     // S_mj = C_m B_j^T * exp2(cum_t - e_s), s <= t on the diagonal block (as fused_walk_kernel)
     float decay[kCbVals];
     auto decay_for = [&](int i, int j) {
@@ -631,44 +737,112 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     // (block slots: S straight from C B^T once it has landed, s_from_cb: the registers of the
     // three-warpgroup split at dstate 256)
     const bool decay_ready = HP == 1 && j_first[0] == j_low && !kBlocks;
-    if (decay_ready) decay_for(0, j_low);
-    if constexpr (kEarlyHs) {
-      warpgroup_wait<1>();
-      if (m == 1 && j_low == 0) {
-        tma::mbar_arrive(hs_empty);
-        if (rank_now() == 0) named_barrier_arrive(2, 2 * kThreads);  // (block 0 receives there)
-      }
-      if (m != rank_now()) {
-        tma::mbar_arrive(hs_empty + m);
-      } else {
-        // Slices 1-2 of H_s copy m may take the other rank's partial (block 0 with a_grows: once
-        // block 1 has read H_s(start) too).
-        if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
-        tma::mbar_arrive_cluster(tma::cluster_addr(part_free, 1 - m));
-      }
-    }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(cb);
-#pragma unroll
-    for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
     if constexpr (kBlocks) {
-      // C H^T and C B^T have read C_m, B_m (a_grows, block 1: B_0, and C_m again in C_1 B_1^T
-      // below) and H_s: the C_m and B_m part refilled, and (one rank) H_s copy m released
-      // (a_grows, block 1: H_s(start) too); two ranks: above.
-      if (m == 0 || j_low == 1) {
-        // (C_m and B_m released, and once every reader has, refilled with the next chunk's)
-        tma::mbar_arrive(empty + m);
-        if (wtid == 0 && li + 1 < n_total) {
-          tma::mbar_wait(empty + m, ph);
-          load_cb(li + 1, m);
-        }
-        __syncwarp();  // (converged again before the next wgmma)
-      } else {
-        tma::mbar_arrive(empty);
-        if constexpr (!kEarlyHs) tma::mbar_arrive(hs_empty);
+      tma::mbar_wait(full + m, ph);
+      if constexpr (kClaims) {
+        tma::mbar_wait(full_c + m, ph);
+        tma::mbar_wait(full_m + li % 4, static_cast<uint32_t>(li / 4) & 1u);
+        // Block 1 with a_grows reads B_0, X_0 and H_s(start) too (released below once read);
+        // otherwise nothing of block 0's. (Each release follows the wait for what it releases, so
+        // that it counts for this chunk's phase.)
+        if (m == 1 && j_low == 0) tma::mbar_wait(full, ph);
+      } else if (m == 1) {
+        // Block 1 reads the chunk's meta, which lands with block 0's C_0 and B_0, and with
+        // a_grows B_0, X_0 and H_s(start) (released below once read); otherwise nothing of block
+        // 0's. (Each release follows the wait for what it releases, so that it counts for this
+        // chunk's phase.)
+        tma::mbar_wait(full, ph);
+        if (j_low == 1) tma::mbar_arrive(empty);
       }
-      if constexpr (!kEarlyHs) tma::mbar_arrive(hs_empty + m);
+      // (block 0 for X_1, which it does not read: the ring's previous tile in that slot, X_0 of
+      // the chunk before, was waited for by this warpgroup, which orders the arrival after it)
+      if (m == 0) tma::mbar_arrive(empty_x + (2 * li + 1) % 3);
+      // Block m waits for H_s slot m, block 1 with a_grows too, where it reads H_s(start) (written
+      // before H_s(mid), whose signal releases both): its release of H_s(mid) below must follow
+      // the state warpgroup's write of this chunk's. (Released earlier, the releases of two chunks
+      // could complete H_s(mid)'s phases before the state warpgroup waits for the first, and its
+      // parity wait would never return: scripts/ws_barrier_model.py.)
+      tma::mbar_wait(hs_full + m, hph);
+      // (X_0 landed before the state's update with it, which H_s(mid) follows)
+      if (m == 1) {
+        tma::mbar_wait(full_x + (2 * li) % 3, L::x_phase(2 * li));
+        if (j_low == 1) {
+          tma::mbar_arrive(empty_x + (2 * li) % 3);
+          tma::mbar_arrive(hs_empty);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
+      warpgroup_fence_operand(cb);
+      warpgroup_arrive();
+      issue_ch();
+      // Two ranks: C H^T in a wgmma group of its own, so that H_s copy m is released (the
+      // receiver: part_free) once C H^T is done rather than C B^T too (v40; with one rank, the
+      // output warpgroups then spilled).
+      if constexpr (kRanks > 1) warpgroup_commit_batch();
+      issue_cb(j_low);
+      warpgroup_commit_batch();
+      factors();
+      if constexpr (kRanks > 1) {
+        warpgroup_wait<1>();
+#pragma unroll
+        for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
+        if (m == 1 && j_low == 0) {
+          tma::mbar_arrive(hs_empty);
+          if (rank_now() == 0) named_barrier_arrive(2, 2 * kThreads);  // (block 0 receives there)
+        }
+        if (m != rank_now()) {
+          tma::mbar_arrive(hs_empty + m);
+        } else {
+          // Slices 1-2 of H_s copy m may take the other rank's partial (block 0 with a_grows: once
+          // block 1 has read H_s(start) too).
+          if (m == 0 && a_grows[0]) named_barrier_sync(2, 2 * kThreads);
+          tma::mbar_arrive_cluster(tma::cluster_addr(part_free, 1 - m));
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(cb);
+        // C B^T has read B_m (a_grows, block 1: B_0; B_1 after C_1 B_1^T below) and C_m (a_grows,
+        // block 1: C_1 again below)
+        release_b(li, j_low);
+        if (m == 0 || j_low == 1) release_c(li, m);
+      } else {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(cb);
+#pragma unroll
+        for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
+        // C H^T and C B^T have read C_m, B_m (a_grows, block 1: B_0, and C_m again in C_1 B_1^T
+        // below) and H_s: the C_m and B_m part refilled, and H_s copy m released (a_grows, block
+        // 1: H_s(start) too).
+        if (m == 0 || j_low == 1) {
+          // (C_m and B_m released, and once every reader has, refilled with the next chunk's)
+          tma::mbar_arrive(empty + m);
+          if (wtid == 0 && li + 1 < n_total) {
+            tma::mbar_wait(empty + m, ph);
+            load_cb(li + 1, m);
+          }
+          __syncwarp();  // (converged again before the next wgmma)
+        } else {
+          tma::mbar_arrive(empty);
+          tma::mbar_arrive(hs_empty);
+        }
+        tma::mbar_arrive(hs_empty + m);
+      }
     } else {
+      tma::mbar_wait(full + (li & 1), ph);
+      tma::mbar_wait(hs_full + m, hph);
+#pragma unroll
+      for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
+      warpgroup_fence_operand(cb);
+      warpgroup_arrive();
+      issue_ch();
+      issue_cb(j_low);
+      warpgroup_commit_batch();
+      factors();
+      if (decay_ready) decay_for(0, j_low);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(cb);
+#pragma unroll
+      for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
       // C H^T has read H_s: both warpgroups release both slots (so a_grows needs no other count),
       // H_s(mid) first: the state warpgroup writes H_s(start) of the next chunk once every thread
       // has released this one's, and the other warpgroup's next release of H_s(mid) must not
@@ -714,7 +888,10 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(cb);
-      if constexpr (kBlocks) {  // (a_grows: C_1 B_1^T read C_1 and B_1)
+      if constexpr (kClaims) {  // (a_grows: C_1 B_1^T read C_1 and B_1)
+        release_b(li, m);
+        release_c(li, m);
+      } else if constexpr (kBlocks) {
         tma::mbar_arrive(empty + m);
         if (wtid == 0 && li + 1 < n_total) {
           tma::mbar_wait(empty + m, ph);
@@ -775,7 +952,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     }
     tma::mbar_arrive(empty + (li & 1));
   }
-  if (lane == 0) tma::bulk_wait_all<true>();  // (the output stores are done)
+  // (the output stores are done; kClaims: the lane read again, its register spilled otherwise)
+  if ((kClaims ? lane_id_now() : lane) == 0) tma::bulk_wait_all<true>();
 }
 
 template <class T, int NK, int HP, int kRanks = 1>

@@ -47,6 +47,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 #undef MAMBA2_SSD_MBAR_WAIT_LOOP
+// Whether the phase with parity `parity` has completed, without waiting (acquire, as the wait).
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 // Orders this thread's earlier generic-proxy accesses of global memory (and what it acquired from
 // other threads) before its later TMA reads.
 __device__ __forceinline__ void fence_proxy_async_global() {

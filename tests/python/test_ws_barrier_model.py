@@ -29,8 +29,7 @@ def test_block_slot_protocol_has_no_deadlock(n_chunks, a_grows):
 @pytest.mark.parametrize("n_chunks", [1, 3])
 @pytest.mark.parametrize("a_grows", [False, True])
 def test_two_rank_protocol_has_no_deadlock(n_chunks, a_grows):
-    # dstate 257-512: two CTAs of a cluster, in random schedules (every interleaving of one chunk
-    # takes half a minute: scripts/ws_barrier_model.py visits them)
+    # dstate 257-512: two CTAs of a cluster, in random schedules (too many interleavings to visit)
     assert model.find_deadlock(n_chunks, a_grows, ranks=2, runs=300) is None
 
 
@@ -57,6 +56,15 @@ def test_checker_finds_broken_block_slot_protocols():
         return progs
     stuck = model.find_deadlock(1, False, ranks=2, runs=20, mutate=late_pfree)
     assert stuck is not None and "pfree" in stuck
+    # two ranks, rank 0's state warpgroup not releasing B_0 of the first chunk: when it would be
+    # the last reader, nobody refills B_0, and every schedule of three chunks gets stuck
+    def no_b0_release(progs):
+        progs = [list(p) for p in progs]
+        state = progs[0]
+        state.remove(next(op for op in state if op[0] == "release" and op[1] == "r0:empty0"))
+        return progs
+    stuck = model.find_deadlock(3, False, ranks=2, runs=20, mutate=no_b0_release)
+    assert stuck is not None and "full0" in stuck
 
 
 def test_checker_finds_the_a_grows_hang_of_0e3d67e():
