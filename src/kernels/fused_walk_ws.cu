@@ -279,15 +279,17 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   };
   // kClaims: B_m of the chunk of load index li into slot m on full[m], C_m on full_c[m], the
   // chunk's meta into its ring on full_m.
-  auto load_b = [&](int li, int m) {
+  // (the NK slices of C_m (first slice 0, on full_c[m]) or B_m (first slice NK, on full[m]))
+  auto load_slices = [&](const CUtensorMap* map, uint64_t* bar, int first, int li, int m) {
     const volatile int* o = b_origin;
     char* blk = smem + m * L::kBlockBytes;
-    uint64_t* bar = full + m;
     const int tok = o[0] + li * q + m * kM, g = o[1], row = o[2], n0 = n_base();
     tma::mbar_arrive_expect(bar, NK * F::kSlice);
 #pragma unroll
-    for (int ks = 0; ks < NK; ++ks) tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok, g, row);
+    for (int ks = 0; ks < NK; ++ks) tma::load_4d(map, bar, blk + (first + ks) * F::kSlice, n0 + ks * kN, tok, g, row);
   };
+  auto load_b = [&](int li, int m) { load_slices(&maps.B, full + m, NK, li, m); };
+  auto load_c = [&](int li, int m) { load_slices(&maps.C, full_c + m, 0, li, m); };
   auto load_meta = [&](int li) {
     const int64_t off = *static_cast<const volatile int64_t*>(meta_origin) + static_cast<int64_t>(li) * p.chunk;
     float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, li), 0));
@@ -297,15 +299,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
     tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
   };
-  auto load_c = [&](int li, int m) {
-    const volatile int* o = b_origin;
-    char* blk = smem + m * L::kBlockBytes;
-    uint64_t* bar = full_c + m;
-    const int tok = o[0] + li * q + m * kM, g = o[1], row = o[2], n0 = n_base();
-    tma::mbar_arrive_expect(bar, NK * F::kSlice);
-#pragma unroll
-    for (int ks = 0; ks < NK; ++ks) tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok, g, row);
-  };
+
   // kClaims: this warp's release of B_m of the chunk of load index li (its lanes' reads
   // done: wgmma waited for, the warp synchronised); the warp whose arrival completes the phase,
   // or one that sees it completed, claims the refill with chunk li + 1's.
