@@ -87,7 +87,8 @@ struct WsLayout {
   static constexpr int x_tile(int n) { return kXRing + (n % 3) * F::kSlice; }
   static constexpr uint32_t x_phase(int n) { return static_cast<uint32_t>(n / 3) & 1u; }  // (of its barriers)
   // [slot 0][slot 1]([meta 0][meta 1][X ring])[H_s 0][H_s 1][stage: 2 HP, output warpgroup w head i at
-  // HP w + i; none with block slots][D: HP x 64][mbarriers: 8, 14 with block slots; two ranks 24, the two refill claims and B's origin]
+  // HP w + i; none with block slots][D: HP x 64][mbarriers: 8, 14 with block slots; two ranks 24,
+  // then the refill claims and the loads' and state stores' origins: 30 words]
   static constexpr int kHs = 2 * kSlotBytes + kMetaRing + kXRingBytes;
   static constexpr int kStage = kHs + 2 * kHsBytes;
   static constexpr int kD = kStage + (kBlockSlots ? 0 : 2 * HP * kStageBytes);
@@ -277,9 +278,8 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
     }
   };
-  // kClaims: B_m of the chunk of load index li into slot m on full[m], C_m on full_c[m], the
-  // chunk's meta into its ring on full_m.
-  // (the NK slices of C_m (first slice 0, on full_c[m]) or B_m (first slice NK, on full[m]))
+  // kClaims: B_m of the chunk of load index li into slot m on full[m] (its NK slices after C_m's),
+  // C_m on full_c[m], the chunk's meta into its ring on full_m.
   auto load_slices = [&](const CUtensorMap* map, uint64_t* bar, int first, int li, int m) {
     const volatile int* o = b_origin;
     char* blk = smem + m * L::kBlockBytes;
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   };
 
   const int row32 = static_cast<int>(walk.row), grp32 = static_cast<int>(grp), h32 = static_cast<int>(h0);
-  // Chunk slots: chunk i's tiles and meta into its slot (parts as load_b's).
+  // Chunk slots: chunk i's tiles and meta into its slot (parts as load_cb's).
   auto issue_chunk = [&](int i, int parts = kInputTiles | kMetaPart) {
     const ChunkInfo ci = walk_chunk(p, walk, c_first + i);
     char* buf = slot_of(i);
