@@ -640,12 +640,26 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   // ================= the output warpgroups
   setmaxnreg_to<kWsOutRegs<NK>>();
   const int ow = wg - 1;
-  typename Tr::MmaCB mma_cb;
-  typename Tr::MmaCH mma_ch;
+  typename Tr::MmaCB mma_cb;  // (one rank: C_m B_j^T after the first, a_grows' C_1 B_1^T)
+  typename Tr::MmaCH mma_ch;  // (two ranks)
   typename Tr::MmaSX mma_sx;
   auto thr_cb = mma_cb.get_slice(wtid);
   auto thr_ch = mma_ch.get_slice(wtid);
   auto thr_sx = mma_sx.get_slice(wtid);
+  // One rank: C H^T and the first C_m B_j^T take C_m from registers (RS), each 64-column slice
+  // loaded once by ldmatrix for both products (and both heads), rather than read from shared
+  // memory by every product: a 64 x 64 SS wgmma reads 4 KB per 32 tensor cycles, the SM's whole
+  // shared-memory bandwidth (1-2.3% faster at dstate 64-256, design log v47). Two slices in
+  // flight: a slice's registers are reloaded once its products are done. (Two ranks keep both
+  // products from shared memory: their output warpgroups spilled with it.)
+  using MmaCr = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<T, T, float, Shape<Int<kM>, Int<kN>, Int<kN>>, GMMA::Major::K, GMMA::Major::K>()));
+  MmaCr mma_cr;
+  auto thr_cr = mma_cr.get_slice(wtid);
+  using CFrag = decltype(make_tensor<T>(partition_shape_A(mma_cr, Shape<Int<kM>, Int<kN>>{})));
+  CFrag cf[2];
+  auto c_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, T>{}, mma_cr);
+  auto thr_cc = c_copy.get_slice(wtid);
   Tensor cb = partition_fragment_C(mma_cb, Shape<Int<kM>, Int<kN>>{});
   using OAcc = decltype(partition_fragment_C(mma_ch, Shape<Int<kM>, Int<64>>{}));
   OAcc acc[HP];
@@ -691,6 +705,31 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       for (int i = 0; i < HP; ++i) {
         wgmma_slices<T, NK, typename Tr::LayoutC, typename Tr::LayoutH>(mma_ch, thr_ch, blk,
                                                                          hs_of(from_mid[i] ? 1 : 0, i), acc[i]);
+      }
+    };
+    // One rank: C H^T (each head) and C_m B_j^T slice by slice, C_m's slice in registers (above):
+    // a wgmma group per slice; opens and commits its own batches.
+    auto issue_ch_cb = [&](int j) {
+#pragma unroll
+      for (int ks = 0; ks < NK; ++ks) {
+        if (ks >= 2) warpgroup_wait<1>();  // (slice ks - 2's products have read its registers)
+        CFrag& a = cf[ks % 2];
+        Tensor sC = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(blk + ks * F::kSlice)), typename Tr::LayoutC{});
+        copy(c_copy, thr_cc.partition_S(sC), thr_cc.retile_D(a));
+        warpgroup_fence_operand(a);
+        warpgroup_arrive();
+#pragma unroll
+        for (int i = 0; i < HP; ++i) {
+          Tensor sH = make_tensor(make_smem_ptr(reinterpret_cast<const T*>(hs_of(from_mid[i] ? 1 : 0, i) + ks * F::kSlice)),
+                                  typename Tr::LayoutH{});
+          wgmma_k(mma_cr, a, thr_cr.partition_fragment_B(sH), acc[i], ks == 0);
+        }
+        Tensor sB = make_tensor(
+            make_smem_ptr(reinterpret_cast<const T*>(buf + j * L::kBlockBytes + (NK + ks) * F::kSlice)),
+            typename Tr::LayoutB{});
+        wgmma_k(mma_cr, a, thr_cr.partition_fragment_B(sB), cb, ks == 0);
+        warpgroup_commit_batch();
+        warpgroup_fence_operand(a);
       }
     };
     // (each head's cum at the thread's rows, and its factors of C H^T: exp2(cum_t - cum at H_s))
@@ -768,14 +807,18 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 #pragma unroll
       for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
       warpgroup_fence_operand(cb);
-      warpgroup_arrive();
-      issue_ch();
       // Two ranks: C H^T in a wgmma group of its own, so that H_s copy m is released (the
       // receiver: part_free) once C H^T is done rather than C B^T too (v40; with one rank, the
       // output warpgroups then spilled).
-      if constexpr (kRanks > 1) warpgroup_commit_batch();
-      issue_cb(j_low);
-      warpgroup_commit_batch();
+      if constexpr (kRanks > 1) {
+        warpgroup_arrive();
+        issue_ch();
+        warpgroup_commit_batch();
+        issue_cb(j_low);
+        warpgroup_commit_batch();
+      } else {
+        issue_ch_cb(j_low);
+      }
       factors();
       if constexpr (kRanks > 1) {
         warpgroup_wait<1>();
@@ -827,10 +870,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 #pragma unroll
       for (int i = 0; i < HP; ++i) warpgroup_fence_operand(acc[i]);
       warpgroup_fence_operand(cb);
-      warpgroup_arrive();
-      issue_ch();
-      issue_cb(j_low);
-      warpgroup_commit_batch();
+      issue_ch_cb(j_low);
       factors();
       if (decay_ready) decay_for(0, j_low);
       warpgroup_wait<0>();
