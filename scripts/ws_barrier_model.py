@@ -103,22 +103,15 @@ def state_program_blocks(n_chunks):
     return ops
 
 
-def output_program_blocks(n_chunks, m, a_grows, ranks=1, rank=0, other=None):
-    """Block slots, warpgroup 1 + m: block m of every chunk. Each part is released once read,
-    after the wait for it (so that the arrival counts for this chunk's phase), and refilled by
-    this warpgroup once every reader has released it: C_m B_m after C H^T and C B^T; its X tile
-    (n = 2 c + m) once the other readers have (emptyx), after the output staged in it has been
-    stored, with tile n + 3. H_s copy m after C H^T (two ranks: before C B^T is done, its own
-    wgmma group; one rank: after the C_m B_m refill). Block 1 also reads block 0's meta (with its
-    C_0 B_0) and with a_grows its B_0, X_0 and H_s(start), else releases them at once; block 0
-    releases X_1 without reading it. Two ranks (rank r finishes block r; `other`: the barrier
-    names of the other rank): the sender of block m waits for the receiver's pfree, sends (the
-    bytes land on the receiver's pfull) and stages nothing; the receiver arrives on the sender's
-    pfree after C H^T (block 0 with a_grows once block 1 has read H_s(start): nb2), waits for
-    the partial and releases its H_s copy m after reading it."""
+def output_program_blocks(n_chunks, m, a_grows):
+    """Block slots on one rank, warpgroup 1 + m: block m of every chunk. Each part is released
+    once read, after the wait for it (so that the arrival counts for this chunk's phase), and
+    refilled by this warpgroup once every reader has released it: C_m B_m after C H^T and C B^T;
+    its X tile (n = 2 c + m) once the other readers have (emptyx), after the output staged in it
+    has been stored, with tile n + 3. H_s copy m after the C_m B_m refill. Block 1 also reads
+    block 0's meta (with its C_0 B_0) and with a_grows its B_0, X_0 and H_s(start), else releases
+    them at once; block 0 releases X_1 without reading it. (Two ranks: output_program_claims.)"""
     ops = []
-    sends = ranks == 2 and m != rank
-    receives = ranks == 2 and m == rank
     for c in range(n_chunks):
         ph = c & 1
         more = c + 1 < n_chunks
@@ -128,36 +121,20 @@ def output_program_blocks(n_chunks, m, a_grows, ranks=1, rank=0, other=None):
         def refill(part, bar):
             return [("wait", bar, ph), ("issue", part)] if more else []
 
-        def h_s_read(copy):  # (H_s copy m read by C H^T: released, or for the receiver, pfree)
-            if not receives:
-                return [("arrive", "hs_empty%d" % copy)]
-            out = [("arrive", "nb2"), ("wait", "nb2", ph)] if (m == 0 and a_grows) else []
-            return out + [("arrive", other["pfree"])]
-
-        # (two ranks: H_s released once C H^T is done, before C B^T and the refill of C_m B_m)
-        early = ranks == 2
         if m == 0:
             ops += [("wait", "full0", ph), ("arrive", "emptyx" + x_ring(n + 1)[0]), ("wait", "hs_full0", ph)]
-            cb = [("arrive", "empty0")] + refill("cb0", "empty0")
-            ops += h_s_read(0) + cb if early else cb + h_s_read(0)
+            ops += [("arrive", "empty0")] + refill("cb0", "empty0") + [("arrive", "hs_empty0")]
         else:
             s0, p0 = x_ring(n - 1)
             ops += [("wait", "full1", ph), ("wait", "full0", ph)] + ([] if a_grows else [("arrive", "empty0")])
             ops += [("wait", "hs_full1", ph), ("wait", "fullx" + s0, p0)]
             if not a_grows:
                 ops += [("arrive", "emptyx" + s0), ("arrive", "hs_empty0")]
-                cb = [("arrive", "empty1")] + refill("cb1", "empty1")
-                ops += h_s_read(1) + cb if early else cb + h_s_read(1)
+                ops += [("arrive", "empty1")] + refill("cb1", "empty1") + [("arrive", "hs_empty1")]
             else:
-                hs = [("arrive", "hs_empty0")] + ([("arrive", "nb2")] if (ranks == 2 and rank == 0) else [])
-                ops += hs + h_s_read(1) + [("arrive", "empty0")] if early else [("arrive", "empty0")] + hs + h_s_read(1)
+                ops += [("arrive", "empty0"), ("arrive", "hs_empty0"), ("arrive", "hs_empty1")]
                 ops += [("arrive", "emptyx" + s0), ("arrive", "empty1")] + refill("cb1", "empty1")
-        ops += [("wait", "fullx" + sx, px)]
-        if sends:
-            ops += [("wait", "pfree", ph), ("send", other["pfull"])]
-        elif receives:
-            ops += [("arrive", "pfull"), ("wait", "pfull", ph), ("arrive", "hs_empty%d" % m)]
-        ops += [("wait", "emptyx" + sx, px)]
+        ops += [("wait", "fullx" + sx, px), ("wait", "emptyx" + sx, px)]
         if (n + 3) // 2 < n_chunks:
             ops += [("issue", "x" + x_ring(n + 3)[0])]
     return ops
