@@ -62,7 +62,7 @@ std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign;
 
 // Byte offsets of the workspace regions (0-sized regions are absent).
 struct WorkspacePlan {
-  std::size_t cum = 0, dtp = 0, wst = 0, carry = 0, ready = 0, seg_sums = 0, seg_carry = 0, states = 0, offsets = 0,
+  std::size_t cum = 0, dtp = 0, wst = 0, wst_pairs = 0, carry = 0, ready = 0, seg_sums = 0, seg_carry = 0, states = 0, offsets = 0,
               x16 = 0, b16 = 0, c16 = 0, total = 0;
   int max_segments = 1;
   std::size_t states_bytes = 0, offsets_bytes = 0, x16_bytes = 0, bc16_bytes = 0;
@@ -86,6 +86,10 @@ WorkspacePlan plan_workspace(const ForwardParams& p, const ProblemShape& s, bool
   const std::size_t walk_heads = static_cast<std::size_t>(walks) * s.nheads;
   w.ready = off; off = align_up(off + walk_heads * w.max_segments * max_tiles * sizeof(int32_t));
   if (w.max_segments > 1) {
+    // (the bf16 segment sums' weights, SsdParams::wst_pairs: see keep_weight_pairs_where_read)
+    if (s.compute_dtype != DType::kFloat16) {
+      w.wst_pairs = off; off = align_up(off + per_slot * sizeof(float));
+    }
     // (in 64 x 64 tiles, or 64 x 32: headdim and dstate rounded up to 64)
     const std::size_t sums = walk_heads * (w.max_segments - 1);
     const std::size_t tile_area = static_cast<std::size_t>((s.headdim + 63) / 64 * 64) * ((s.dstate + 63) / 64 * 64);
@@ -293,6 +297,7 @@ kernels::SsdParams make_kernel_params(const ForwardParams& p, const ProblemShape
   k.cum = reinterpret_cast<float*>(ws + w.cum);
   k.dtp = reinterpret_cast<float*>(ws + w.dtp);
   k.wst = reinterpret_cast<float*>(ws + w.wst);
+  k.wst_pairs = w.wst_pairs != 0 ? reinterpret_cast<float*>(ws + w.wst_pairs) : nullptr;
   k.carry = reinterpret_cast<float*>(ws + w.carry);
   k.ready = reinterpret_cast<int32_t*>(ws + w.ready);
   k.ready_tiles = 0;  // set with the fwd_pass_state setting (with_pass_state), as the segments
@@ -356,6 +361,12 @@ bool overlap_enabled() {
 // `k` for a fwd_pass_state setting: its CTAs per (walk, head) and segments, which compute_out
 // waits on. The segment count is reduced to what the shape allows (max_walk_segments), then to
 // the fewest segments of the same length.
+// chunk_cumsum's weights in bf16 pairs (SsdParams::wst_pairs) only where segment sums run that
+// read them (those without chunk_cumsum's work; bf16 only: the workspace has no region for fp16).
+void keep_weight_pairs_where_read(kernels::SsdParams& k) {
+  if (k.nseg == 1 || k.prewalk || k.sums_cumsum) k.wst_pairs = nullptr;
+}
+
 kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStateConfig& c, const WorkspacePlan& w) {
   k.ready_tiles = kernels::fwd_pass_state_tiles(k.headdim, k.dstate, c.dstate_tile);
   const int64_t want = std::clamp<int64_t>(c.segments, 1, w.max_segments);
@@ -367,6 +378,7 @@ kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStat
     k.nseg = static_cast<int32_t>((k.nchunks + len - 1) / len);
   }
   if (!overlap_enabled()) k.ready = nullptr;
+  keep_weight_pairs_where_read(k);
   return k;
 }
 
@@ -408,7 +420,9 @@ void launch_prefix(const ForwardParams& p, const ProblemShape& s, const Workspac
   // it sets up under it: 2.7B layer 1 x 128 tokens 8.9 -> 8.1 us, 1 x 2K 45.3 -> 44.6. Where the
   // segment sums or fwd_pass_state come next, the same made calls 2.8-5.6% slower (anchor
   // dstate 128 16K, 124.4 -> 131.3 us; H200, 2026-11-30 v30).
-  if (!k.sums_cumsum) kernels::launch_chunk_cumsum(k, fused && (k.nseg == 1 || k.prewalk), stream);
+  if (!k.sums_cumsum) {
+    kernels::launch_chunk_cumsum(k, fused && (k.nseg == 1 || k.prewalk), stream);
+  }
 }
 
 // Whether fused_walk runs its specialised kernel for k (MAMBA2_SSD_FUSED_WS=0: not, for measuring).
@@ -482,6 +496,7 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
   }
   const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
   if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;
+  keep_weight_pairs_where_read(k);
   return k;
 }
 

@@ -109,7 +109,7 @@ __device__ __forceinline__ void store_slots(float* dst, const float (&v)[kN]) {
   }
 }
 
-// Stores chunk g of (row, head h) to cum, dtp, wst and carry.
+// Stores chunk g of (row, head h) to cum, dtp, wst and carry, and wst_pairs where asked for.
 template <int kPerLane>
 __device__ __forceinline__ void store_chunk_decay(const SsdParams& p, const ChunkDecay<kPerLane>& d, int64_t row,
                                                   int h, int64_t g, int lane) {
@@ -117,6 +117,16 @@ __device__ __forceinline__ void store_chunk_decay(const SsdParams& p, const Chun
   store_slots(p.cum + off, d.cum);
   store_slots(p.dtp + off, d.dtp);
   store_slots(p.wst + off, d.wst);
+  if (p.wst_pairs != nullptr) {
+    float pairs[kPerLane];
+#pragma unroll
+    for (int e = 0; e < kPerLane; e += 2) {
+      const float2 hl = weight_pair(d.wst[e], d.wst[e + 1]);
+      pairs[e] = hl.x;
+      pairs[e + 1] = hl.y;
+    }
+    store_slots(p.wst_pairs + off, pairs);
+  }
   if (lane == 0) p.carry[carry_offset(p, row, h, g)] = d.carry;
 }
 

@@ -99,6 +99,12 @@ struct SsdParams {
   // segment's CTAs walk the first segment's chunks themselves, state only, from the walk's
   // initial state, instead of starting from segment sums (none are launched).
   bool prewalk;
+  // wst in pairs of bf16 terms for the segment sums (bf16 compute type, chunk_cumsum's wst):
+  // [row][h][chunk][Q/2] pairs of slots, slot 2i holding hi = bf16(w) of tokens 2i, 2i + 1 (low
+  // half: token 2i) and slot 2i + 1 lo = bf16(w - hi) of the same two tokens, so that x * w is
+  // one HMUL2 and one HFMA2 per two tokens (scale_by_weight_pairs). chunk_cumsum writes it where
+  // it is not nullptr; the sums without chunk_cumsum's work read it in place of wst.
+  float* wst_pairs;
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -110,6 +116,35 @@ template <class T>
 __device__ __forceinline__ float to_float(T v) { return static_cast<float>(v); }
 template <class T>
 __device__ __forceinline__ T from_float(float v) { return T(v); }
+
+// w as two bf16 terms per pair of tokens (SsdParams::wst_pairs): hi = bf16(w), lo = bf16(w - hi),
+// for tokens (w0, w1), as the bits of two float slots.
+__device__ __forceinline__ float2 weight_pair(float w0, float w1) {
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(w0, w1);
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(w0 - __low2float(hi), w1 - __high2float(hi));
+  return make_float2(__uint_as_float(*reinterpret_cast<const uint32_t*>(&hi)),
+                     __uint_as_float(*reinterpret_cast<const uint32_t*>(&lo)));
+}
+
+// x * w of a bf16 fragment whose 32-bit registers hold two consecutive tokens each (value 2e the
+// even token tok_of(2e), 2e + 1 the next), w in weight pairs: round(x * hi + round(x * lo)) in
+// two instructions per register, where x * w in fp32 takes five (two unpacks, two FMULs, a
+// pack). Both round once to bf16 what differs from x * w by about 2^-15 of it at most (lo is
+// within 2^-8 of hi, and rounded, as x * lo, to 2^-8 of itself), so they differ at near-ties only.
+template <class Frag, class TokOf>
+__device__ __forceinline__ void scale_by_weight_pairs(Frag& xw, TokOf tok_of, const float* pairs) {
+  uint32_t* r = reinterpret_cast<uint32_t*>(xw.data());
+#pragma unroll
+  for (int e = 0; e < decltype(size(xw))::value / 2; ++e) {
+    const float2 hl = *reinterpret_cast<const float2*>(pairs + tok_of(2 * e));
+    const uint32_t hi_bits = __float_as_uint(hl.x), lo_bits = __float_as_uint(hl.y);
+    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&hi_bits);
+    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&lo_bits);
+    __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(r + e);
+    v = __hfma2(v, hi, __hmul2(v, lo));
+    r[e] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
 
 __host__ __device__ __forceinline__ int dtype_size_dev(DType t) {
   return t == DType::kFloat32 || t == DType::kInt32 ? 4 : t == DType::kInt64 ? 8 : 2;

@@ -53,6 +53,12 @@ struct PassTiles {
   // X tile). On the H200 each was the faster for its tile (2026-11-30, design log v15). (128-column
   // tiles: fused_walk's segment sums, see launch_segment_sums.)
   static constexpr bool kWeightX = NT >= 64;
+  // The segment sums of bf16 (without chunk_cumsum's work) scale X^T by the weights in pairs of
+  // bf16 terms (SsdParams::wst_pairs): two instructions per two values instead of five, on the
+  // steps' chain (sums 14% faster at dstate 128-256, design log v48; chosen at run time instead,
+  // the branch made the dstate-64 sums 7% slower).
+  template <bool kSumsOnly, bool kCumsum>
+  static constexpr bool kWeightPairs = kWeightX && kSumsOnly && !kCumsum && std::is_same_v<T, cutlass::bfloat16_t>;
   using Mma = decltype(make_tiled_mma(std::conditional_t<
                                       kWeightX,
                                       decltype(GMMA::rs_op_selector<T, T, float, Shape<_64, Int<NT>, Int<KS>>,
@@ -221,7 +227,8 @@ __global__ void __launch_bounds__(st::kThreads)
     Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(smem + Tl::kXBytes)), typename Tl::LayoutB{});
     off_b = static_cast<uint32_t>(reinterpret_cast<char*>(&sB(cb, tb)) - (smem + Tl::kXBytes));  // within the B tile
   }
-  const float* w_walk = p.wst + cum_offset(p, walk.row, h, walk.g0);
+  constexpr bool kPairs = Tl::template kWeightPairs<kSumsOnly, kCumsum>;
+  const float* w_walk = (kPairs ? p.wst_pairs : p.wst) + cum_offset(p, walk.row, h, walk.g0);
   const float* carry_walk = p.carry + carry_offset(p, walk.row, h, walk.g0);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * Tl::kStageBytes);  // [kStages]
   if (tid == 0) {
@@ -334,9 +341,13 @@ __global__ void __launch_bounds__(st::kThreads)
       const float* sw = sums_cumsum ? s_w + c_rel * KS : reinterpret_cast<const float*>(sp + Tl::kWOffset);
       if constexpr (Tl::kWeightX) {
         copy(x_copy, thr_x_copy.partition_S(sX), xw_dst);
+        if constexpr (kPairs) {
+          scale_by_weight_pairs(xw, [&](int i) { return static_cast<int>(get<1>(x_tok(i))); }, sw);
+        } else {
 #pragma unroll
-        for (int i = 0; i < decltype(size(xw))::value; ++i) {
-          xw(i) = from_float<T>(to_float<T>(xw(i)) * sw[get<1>(x_tok(i))]);
+          for (int i = 0; i < decltype(size(xw))::value; ++i) {
+            xw(i) = from_float<T>(to_float<T>(xw(i)) * sw[get<1>(x_tok(i))]);
+          }
         }
       } else {
 #pragma unroll
@@ -484,6 +495,10 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
                            "of 128, got tile " + std::to_string(NT) + ", chunk " + std::to_string(p.chunk));
       }
       if constexpr (NT != 32 && KS == 128) sums = prepared_kernel<T, NT, KS, kSumStages, true, false, true>();
+    }
+    if (PassTiles<T, NT, KS>::template kWeightPairs<true, false> && !p.sums_cumsum && p.wst_pairs == nullptr) {
+      throw_launch_error("fwd_pass_state: the bf16 segment sums read chunk_cumsum's weights in pairs "
+                         "(SsdParams::wst_pairs), got none");
     }
     dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1) * p.sum_split));
     launch_kernel(sums, grid_sums, dim3(st::kThreads), smem, stream, true, 1, "launch fwd_pass_state (segment sums)", p,
