@@ -172,10 +172,12 @@ def triton_kernel_floors(pr: Problem, copy_gbps: float, gemm_tflops: float) -> d
     return {name: floor_ms(by, fl, copy_gbps, gemm_tflops) for name, (by, fl) in k.items()}
 
 
-def ours_kernel_floors(pr: Problem, copy_gbps: float, gemm_tflops: float, es_state: int = 2) -> dict:
+def ours_kernel_floors(pr: Problem, copy_gbps: float, gemm_tflops: float, es_state: int = 2,
+                       weight_pairs: bool = False) -> dict:
     """Our kernels with the intermediates of src/kernels/common.cuh (SsdParams): chunk_cumsum
-    writes cum, dt' and the state weight (fp32, [row][head][chunk][Q]) and the carry factor
-    (fp32, [row][head][chunk]); fwd_pass_state reads x, B, the weights and carries and writes the
+    writes cum, dt' and the state weight (fp32, [row][head][chunk][Q]), with weight_pairs (bf16
+    calls whose segment sums run) the weights again as bf16 pairs for the sums (SsdParams::
+    wst_pairs, 4 bytes a slot), and the carry factor (fp32, [row][head][chunk]); fwd_pass_state reads x, B, the weights and carries and writes the
     chunk states (state_dtype, es_state bytes) and the final states; compute_out reads x, B, C,
     cum, dt' and the chunk states (CB stays on chip) and writes out. Update with the kernels."""
     T, c, cq, st, fin, Dby = _common(pr)
@@ -185,7 +187,7 @@ def ours_kernel_floors(pr: Problem, copy_gbps: float, gemm_tflops: float, es_sta
     z = x if pr.has_z else 0
     carry = pr.b * pr.h * c * 4
     k = {}
-    k["chunk_cumsum"] = (T * pr.h * pr.es_dt + 2 * pr.h * 4 + 3 * cq * 4 + carry, 0)
+    k["chunk_cumsum"] = (T * pr.h * pr.es_dt + 2 * pr.h * 4 + (4 if weight_pairs else 3) * cq * 4 + carry, 0)
     k["fwd_pass_state"] = (x + bc + cq * 4 + carry + fin * pr.es_init + st * es_state + fin * pr.es_final,
                            t["state"])
     k["compute_out"] = (x + 2 * bc + 2 * cq * 4 + st * es_state + Dby + z + x, t["cb"] + t["sx"] + t["ch"])

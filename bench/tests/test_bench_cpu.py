@@ -134,6 +134,9 @@ def test_roofline_matches_design_baseline():
     assert t["cb"] == 2 * 8 * (2 * 128 * 129 // 2 + 44 * 45 // 2)
     kt = roofline.triton_kernel_floors(pr, 4250.0, 694.0)
     ko = roofline.ours_kernel_floors(pr, 4250.0, 694.0)
+    kp = roofline.ours_kernel_floors(pr, 4250.0, 694.0, weight_pairs=True)
+    cq = pr.b * pr.h * pr.nchunks * pr.q
+    assert kp["chunk_cumsum"]["bytes"] - ko["chunk_cumsum"]["bytes"] == 4 * cq
     assert set(kt) == {"_chunk_cumsum_fwd", "_chunk_state_fwd", "_state_passing_fwd", "_bmm_chunk_fwd",
                        "_chunk_scan_fwd"}
     assert set(ko) == {"chunk_cumsum", "fwd_pass_state", "compute_out", "fused_walk", "segment_sums"}
