@@ -358,15 +358,15 @@ bool overlap_enabled() {
   return e == nullptr || std::string(e) != "0";
 }
 
-// `k` for a fwd_pass_state setting: its CTAs per (walk, head) and segments, which compute_out
-// waits on. The segment count is reduced to what the shape allows (max_walk_segments), then to
-// the fewest segments of the same length.
 // chunk_cumsum's weights in bf16 pairs (SsdParams::wst_pairs) only where segment sums run that
 // read them (those without chunk_cumsum's work; bf16 only: the workspace has no region for fp16).
 void keep_weight_pairs_where_read(kernels::SsdParams& k) {
   if (k.nseg == 1 || k.prewalk || k.sums_cumsum) k.wst_pairs = nullptr;
 }
 
+// `k` for a fwd_pass_state setting: its CTAs per (walk, head) and segments, which compute_out
+// waits on. The segment count is reduced to what the shape allows (max_walk_segments), then to
+// the fewest segments of the same length.
 kernels::SsdParams with_pass_state(kernels::SsdParams k, const kernels::PassStateConfig& c, const WorkspacePlan& w) {
   k.ready_tiles = kernels::fwd_pass_state_tiles(k.headdim, k.dstate, c.dstate_tile);
   const int64_t want = std::clamp<int64_t>(c.segments, 1, w.max_segments);
@@ -420,9 +420,7 @@ void launch_prefix(const ForwardParams& p, const ProblemShape& s, const Workspac
   // it sets up under it: 2.7B layer 1 x 128 tokens 8.9 -> 8.1 us, 1 x 2K 45.3 -> 44.6. Where the
   // segment sums or fwd_pass_state come next, the same made calls 2.8-5.6% slower (anchor
   // dstate 128 16K, 124.4 -> 131.3 us; H200, 2026-11-30 v30).
-  if (!k.sums_cumsum) {
-    kernels::launch_chunk_cumsum(k, fused && (k.nseg == 1 || k.prewalk), stream);
-  }
+  if (!k.sums_cumsum) kernels::launch_chunk_cumsum(k, fused && (k.nseg == 1 || k.prewalk), stream);
 }
 
 // Whether fused_walk runs its specialised kernel for k (MAMBA2_SSD_FUSED_WS=0: not, for measuring).
