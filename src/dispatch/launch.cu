@@ -429,6 +429,29 @@ bool runs_specialized(const kernels::SsdParams& k) {
   return kernels::fused_walk_specialized_supported(k) && (e == nullptr || std::string(e) != "0");
 }
 
+// The fused_walk variant that runs k (launch_walk_and_output).
+kernels::FusedWalkVariant fused_variant_of(const kernels::SsdParams& k, int sm_count) {
+  const int64_t walk_heads = (k.varlen ? k.nseq : k.batch) * k.nheads;
+  return fused_walk_variant(k.dstate, k.chunk, walk_heads * k.nseg, sm_count, runs_specialized(k));
+}
+
+// Where every reader of chunk_cumsum's weights takes them as bf16 pairs (the specialised kernel's
+// forms that scale by pairs, kernels::fused_walk_specialized_reads_pairs, and the bf16 segment
+// sums without chunk_cumsum's work), chunk_cumsum stores the pairs alone: k.wst nullptr, the
+// pairs in wst's region where none was kept for them (the 4 bytes per token and head that the
+// pairs added in v48: dstate 64 calls 0.4% slower then).
+// MAMBA2_SSD_WEIGHT_PAIRS_ALONE=0: both stored (for measuring).
+void weight_pairs_alone_where_enough(kernels::SsdParams& k, int sm_count) {
+  const char* e = std::getenv("MAMBA2_SSD_WEIGHT_PAIRS_ALONE");
+  if ((e != nullptr && std::string(e) == "0") || k.fp16 || k.sums_cumsum ||
+      fused_variant_of(k, sm_count) != kernels::FusedWalkVariant::kSpecialized ||
+      !kernels::fused_walk_specialized_reads_pairs(k)) {
+    return;
+  }
+  if (k.wst_pairs == nullptr) k.wst_pairs = k.wst;
+  k.wst = nullptr;
+}
+
 // Whether fused_walk's segment sums may split their segments (SsdParams::sum_split), and into how
 // many parts at most (the workspace holds max_segments - 1 sums per walk and head).
 bool sums_splittable(const kernels::SsdParams& k) {
@@ -495,6 +518,7 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
   const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
   if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;
   keep_weight_pairs_where_read(k);
+  weight_pairs_alone_where_enough(k, sm_count);
   return k;
 }
 
@@ -504,11 +528,8 @@ void launch_walk_and_output(const ForwardParams& p, const kernels::SsdParams& k,
                             const kernels::PassStateConfig& ps, const kernels::ComputeOutConfig& co, int sm_count,
                             cudaStream_t stream) {
   if (fused) {
-    const int64_t walk_heads = (k.varlen ? k.nseq : k.batch) * k.nheads;
     if (k.nseg > 1 && !k.prewalk) kernels::launch_segment_sums(k, k.sum_tile, stream);
-    const bool specialized = runs_specialized(k);
-    kernels::launch_fused_walk(k, fused_walk_variant(k.dstate, k.chunk, walk_heads * k.nseg, sm_count, specialized),
-                               stream);
+    kernels::launch_fused_walk(k, fused_variant_of(k, sm_count), stream);
   } else {
     // compute_out overlaps fwd_pass_state (see kernels.hpp).
     kernels::launch_fwd_pass_state(k, ps, stream);

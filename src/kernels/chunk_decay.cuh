@@ -109,14 +109,14 @@ __device__ __forceinline__ void store_slots(float* dst, const float (&v)[kN]) {
   }
 }
 
-// Stores chunk g of (row, head h) to cum, dtp, wst and carry, and wst_pairs where asked for.
+// Stores chunk g of (row, head h) to cum, dtp and carry, and to wst and wst_pairs where asked for.
 template <int kPerLane>
 __device__ __forceinline__ void store_chunk_decay(const SsdParams& p, const ChunkDecay<kPerLane>& d, int64_t row,
                                                   int h, int64_t g, int lane) {
   const int64_t off = cum_offset(p, row, h, g) + lane * kPerLane;  // (16-byte aligned)
   store_slots(p.cum + off, d.cum);
   store_slots(p.dtp + off, d.dtp);
-  store_slots(p.wst + off, d.wst);
+  if (p.wst != nullptr) store_slots(p.wst + off, d.wst);
   if (p.wst_pairs != nullptr) {
     float pairs[kPerLane];
 #pragma unroll

@@ -49,7 +49,8 @@ struct SsdParams {
   float* cum;   // [row][h][chunk][Q]: running sum of A*dt' from the chunk start, times log2(e)
   float* dtp;   // [row][h][chunk][Q]: dt' (0 on padding)
   float* wst;   // [row][h][chunk][Q]: state weight exp(min(cum_last - cum, 0)) * dt', 0 for
-                //                     tokens of another sequence than the chunk's last token
+                //                     tokens of another sequence than the chunk's last token;
+                //                     nullptr where every reader takes wst_pairs instead
   float* carry; // [row][h][chunk]:    exp(cum_last), 0 when a new sequence starts in the chunk
   void* states; DType state_dtype; int64_t st_sb, st_sc, st_sh, st_sp;  // state after each chunk
   int32_t* chunk_offsets;  // varlen: [nseq + 1] first chunk of each sequence
@@ -99,11 +100,12 @@ struct SsdParams {
   // segment's CTAs walk the first segment's chunks themselves, state only, from the walk's
   // initial state, instead of starting from segment sums (none are launched).
   bool prewalk;
-  // wst in pairs of bf16 terms for the segment sums (bf16 compute type, chunk_cumsum's wst):
-  // [row][h][chunk][Q/2] pairs of slots, slot 2i holding hi = bf16(w) of tokens 2i, 2i + 1 (low
-  // half: token 2i) and slot 2i + 1 lo = bf16(w - hi) of the same two tokens, so that x * w is
-  // one HMUL2 and one HFMA2 per two tokens (scale_by_weight_pairs). chunk_cumsum writes it where
-  // it is not nullptr; the sums without chunk_cumsum's work read it in place of wst.
+  // wst in pairs of bf16 terms (bf16 compute type, chunk_cumsum's wst): [row][h][chunk][Q/2]
+  // pairs of slots, slot 2i holding hi = bf16(w) of tokens 2i, 2i + 1 (low half: token 2i) and
+  // slot 2i + 1 lo = bf16(w - hi) of the same two tokens, so that x * w is one HMUL2 and one
+  // HFMA2 per two tokens (scale_by_weight_pairs). chunk_cumsum writes it where it is not
+  // nullptr; the sums without chunk_cumsum's work and the specialised fused_walk's forms that
+  // scale by pairs (fused_walk_specialized_reads_pairs) read it in place of wst.
   float* wst_pairs;
 };
 

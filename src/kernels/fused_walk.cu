@@ -529,6 +529,9 @@ __global__ void __launch_bounds__(Fused<T, NK, kWGs>::kThreadsAll, kCtas)
 template <class T, int NK, int kRanks, int kCtas, int kWGs = (NK == 4 ? 2 : 1)>
 void launch_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map, bool out_tma,
                   int64_t walks, cudaStream_t stream) {
+  if (weight_arrays<kCtas> == 3 && p.wst == nullptr) {
+    throw_launch_error("fused_walk: reads chunk_cumsum's fp32 weights (SsdParams::wst), got none");
+  }
   auto kernel = fused_walk_kernel<T, NK, kRanks, kCtas, kWGs>;
   const int smem = fused_smem_bytes<T, NK, kRanks, kCtas, kWGs>(kWGs == 2 ? 128 : p.chunk);
   // (three CTAs take all 228 KB of the SM's shared memory: the largest carveout)

@@ -62,6 +62,14 @@ constexpr int kWsOutRegs = NK == 4 ? 152 : 176;
 template <int NK>
 constexpr bool kWsBlockSlots = NK == 4;
 
+// The state warpgroup scales X^T by its weights as bf16 (hi, lo) pairs (scale_by_weight_pairs),
+// at one 64-column slice and in one-rank block slots: chunk_cumsum's pairs (SsdParams::wst_pairs)
+// where it stores them, block 0's weights to the middle of the chunk written as pairs by the
+// warpgroup itself (from fp32 wst where no pairs are given). The other two forms were slower
+// with it (dstate 128 0.7-1.0%, two ranks 2.9-4.0%; design log v49).
+template <class T, int NK, int kRanks>
+constexpr bool kWsStatePairs = std::is_same_v<T, cutlass::bfloat16_t> && (NK == 1 || (kWsBlockSlots<NK> && kRanks == 1));
+
 template <class T, int NK, int HP, int kRanks = 1>
 struct WsLayout {
   using F = Fused<T, NK, 1>;
@@ -135,6 +143,10 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   // warpgroup, the meta apart (below; one rank: the order of every part, measured 4.5-5.6%
   // slower there with this protocol, 1.8-2.3% faster on two ranks, design log v46).
   constexpr bool kClaims = kBlocks && kRanks > 1;
+  constexpr bool kStatePairs = kWsStatePairs<T, NK, kRanks>;
+  // (kStatePairs: the meta's weights as chunk_cumsum's pairs where it stores them, else fp32)
+  const bool pairs_in = kStatePairs && p.wst_pairs != nullptr;
+  const float* w_in = pairs_in ? p.wst_pairs : p.wst;
   // The CTA's rank and its first state column (read where used, as in fused_walk_kernel).
   auto rank_now = [&]() { return kRanks == 1 ? 0 : static_cast<int>(tma::cluster_rank()); };
   auto n_base = [&]() { return rank_now() * NK * kN; };
@@ -275,7 +287,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, li), 0));
       tma::load_bulk(meta, p.cum + off, q * 4, bar);
       tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
-      tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+      tma::load_bulk(meta + 2 * q, w_in + off, q * 4, bar);
     }
   };
   // kClaims: B_m of the chunk of load index li into slot m on full[m] (its NK slices after C_m's),
@@ -297,7 +309,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     tma::mbar_arrive_expect(bar, 3 * q * 4);
     tma::load_bulk(meta, p.cum + off, q * 4, bar);
     tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
-    tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+    tma::load_bulk(meta + 2 * q, w_in + off, q * 4, bar);
   };
 
   // kClaims: this warp's release of B_m of the chunk of load index li (its lanes' reads
@@ -367,7 +379,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         float* meta = const_cast<float*>(cum_of(buf, j));
         tma::load_bulk(meta, p.cum + off, q * 4, bar);
         tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
-        tma::load_bulk(meta + 2 * q, p.wst + off, q * 4, bar);
+        tma::load_bulk(meta + 2 * q, w_in + off, q * 4, bar);
       }
     }
   };
@@ -435,6 +447,23 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     float carry_next[HP];
 #pragma unroll
     for (int i = 0; i < HP; ++i) carry_next[i] = n_local > 0 ? carry_walk[i * p.nchunks + c_begin] : 0.0f;
+    // xw *= w of block mu's tokens (w: the chunk's weights, as pairs where kStatePairs)
+    auto scale_w = [&](const float* w, int mu) {
+      if constexpr (kStatePairs) {
+        scale_by_weight_pairs(xw, [&](int e) { return static_cast<int>(get<1>(x_tok(e))); }, w + mu * kM);
+      } else {
+        scale_xt<T>(xw, x_tok, w + mu * kM);
+      }
+    };
+    // kStatePairs: token wtid's weight w into the chunk's weights (w_chunk) as its pair slot (hi
+    // at the even token of the pair, lo at the odd one; the warp's lanes all call it); the
+    // warpgroup's barrier before reading.
+    auto store_w = [&](float* w_chunk, float w) {
+      const float wn = __shfl_xor_sync(0xffffffffu, w, 1);
+      const bool odd = (wtid & 1) != 0;
+      const float2 hl = weight_pair(odd ? wn : w, odd ? w : wn);
+      w_chunk[wtid] = odd ? hl.y : hl.x;
+    };
     // The update H = H * s + (X_mu * w)^T B_mu with block mu's tokens for each head in turn (w:
     // the weights' array of block mu, from registers through the transposing ldmatrix; issued and
     // waited for: one operand fragment, as the registers of two heads' states allow).
@@ -448,7 +477,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 #pragma unroll
         for (int v = 0; v < F::kAccVals; ++v) hacc[i](v) *= s[i];
         load_xt<T>(mma_up, wtid, xw, x_of(buf, mu, i));
-        scale_xt<T>(xw, x_tok, cum_of(buf, i) + 2 * q + mu * kM);
+        scale_w(cum_of(buf, i) + 2 * q, mu);
         issue_update_wgmma(mma_up, thr_up, xw, sBn, hacc[i]);
         warpgroup_wait<0>();
         warpgroup_fence_operand(hacc[i]);
@@ -464,7 +493,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 #pragma unroll
       for (int v = 0; v < F::kAccVals; ++v) hacc[0](v) *= s[0];
       load_xt<T>(mma_up, wtid, xw, x);
-      scale_xt<T>(xw, x_tok, meta + 2 * q + mu * kM);
+      scale_w(meta + 2 * q, mu);
       issue_update_wgmma(mma_up, thr_up, xw, sBn, hacc[0]);
       warpgroup_wait<0>();
       warpgroup_fence_operand(hacc[0]);
@@ -489,6 +518,11 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       }
       const char* buf = slot_of(i);
       tma::mbar_wait(full + (i & 1), (i >> 1) & 1u);
+      if (kStatePairs && !pairs_in) {
+        float* w_chunk = const_cast<float*>(cum_of(buf, 0)) + 2 * q;  // (one head: see pre)
+        store_w(w_chunk, w_chunk[wtid]);
+        named_barrier_sync(1, kThreads);
+      }
       if (tid == 0 && i >= 1 && i + 1 < n_total) {
         tma::mbar_wait(empty + ((i + 1) & 1), ((i - 1) >> 1) & 1u);
         issue_chunk(i + 1);
@@ -516,7 +550,12 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         {
           const float e = (a_grows[0] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
           meta[q + wtid] = e;
-          if (!a_grows[0] && wtid < kM) meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+          const bool mid = !a_grows[0] && wtid < kM;  // (warp-uniform)
+          if constexpr (kStatePairs) {
+            if (mid || !pairs_in) store_w(meta + 2 * q, mid ? fast_exp2(meta[kM - 1] - e) : meta[2 * q + wtid]);
+          } else if (mid) {
+            meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+          }
         }
         tma::mbar_arrive(hs_full);
         named_barrier_sync(1, kThreads);  // (block 0's weights written)
@@ -573,14 +612,19 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         // e_s = cum_s - log2(dt'_s) in place of dt' (a_grows: cum taken as 0) for the output
         // warpgroups (0.7-0.9% faster than each output warpgroup computing its own copy, v24), and
         // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
-        // (a_grows: w = dt' stays, see below)
+        // (a_grows: w = dt' stays, see below); kStatePairs: every weight then as its pair slot
         tma::mbar_wait(full + (li & 1), ph);
 #pragma unroll
         for (int i = 0; i < HP; ++i) {
           float* meta = const_cast<float*>(cum_of(buf, i));
           const float e = (a_grows[i] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
           meta[q + wtid] = e;
-          if (!a_grows[i] && wtid < kM) meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+          const bool mid = !a_grows[i] && wtid < kM;  // (warp-uniform)
+          if constexpr (kStatePairs) {
+            if (mid || !pairs_in) store_w(meta + 2 * q, mid ? fast_exp2(meta[kM - 1] - e) : meta[2 * q + wtid]);
+          } else if (mid) {
+            meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+          }
         }
         tma::mbar_arrive(hs_full);
         named_barrier_sync(1, kThreads);  // (block 0's weights written)
@@ -993,6 +1037,10 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
 template <class T, int NK, int HP, int kRanks = 1>
 void launch_ws_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map, int64_t walks,
                      cudaStream_t stream) {
+  if (p.wst == nullptr && !(kWsStatePairs<T, NK, kRanks> && p.wst_pairs != nullptr)) {
+    throw_launch_error("fused_walk: the specialised variant at dstate " + std::to_string(p.dstate) +
+                       " reads chunk_cumsum's fp32 weights (SsdParams::wst), got none");
+  }
   auto kernel = fused_walk_ws_kernel<T, NK, HP, kRanks>;
   constexpr int smem = WsLayout<T, NK, HP, kRanks>::kBytes;
   static_assert(smem <= 227 * 1024, "shared memory of the specialised walk");
@@ -1041,5 +1089,14 @@ void launch_fused_walk_specialized(const SsdParams& p, const ChunkInputMaps& map
 }
 
 }  // namespace fused_walk_parts
+
+bool fused_walk_specialized_reads_pairs(const SsdParams& p) {
+  if (p.fp16) return false;
+  using Bf = cutlass::bfloat16_t;
+  return p.dstate <= 64    ? kWsStatePairs<Bf, 1, 1>
+         : p.dstate <= 128 ? kWsStatePairs<Bf, 2, 1>
+         : p.dstate <= 256 ? kWsStatePairs<Bf, 4, 1>
+                           : kWsStatePairs<Bf, 4, 2>;
+}
 
 }  // namespace mamba2_ssd::kernels

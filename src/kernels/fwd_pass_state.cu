@@ -500,6 +500,10 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
       throw_launch_error("fwd_pass_state: the bf16 segment sums read chunk_cumsum's weights in pairs "
                          "(SsdParams::wst_pairs), got none");
     }
+    if (!(PassTiles<T, NT, KS>::template kWeightPairs<true, false> && !p.sums_cumsum) && p.wst == nullptr) {
+      throw_launch_error("fwd_pass_state: these segment sums read (or, with chunk_cumsum's work, write) fp32 weights "
+                         "(SsdParams::wst), got none");
+    }
     dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1) * p.sum_split));
     launch_kernel(sums, grid_sums, dim3(st::kThreads), smem, stream, true, 1, "launch fwd_pass_state (segment sums)", p,
                   maps);
@@ -508,6 +512,7 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
     return;  // (sums only)
   } else {
     if (sums_only) return;
+    if (p.wst == nullptr) throw_launch_error("fwd_pass_state: the walks read fp32 weights (SsdParams::wst), got none");
     auto walk = prepared_kernel<T, NT, KS, kStages, false>();
     dim3 grid(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * p.nseg));
     launch_kernel(walk, grid, dim3(st::kThreads), pass_smem_bytes<T, NT, KS, kStages>(), stream, true, 1,

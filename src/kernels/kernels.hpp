@@ -120,6 +120,9 @@ bool fused_walk_supported(const SsdParams& p);
 // Whether FusedWalkVariant::kSpecialized takes p: dstate <= 128, chunks of 128, the batched
 // layout without seq_idx, and a 16-bit output without z that the TMA can store.
 bool fused_walk_specialized_supported(const SsdParams& p);
+// Whether the specialised kernel for p's dstate and dtype scales its update by the weights as
+// bf16 pairs, and so takes chunk_cumsum's pairs (p.wst_pairs) in place of fp32 wst.
+bool fused_walk_specialized_reads_pairs(const SsdParams& p);
 void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_t stream);
 // Batched layout with cu_seqlens: the final state of every packed sequence (p.varlen_states).
 void launch_varlen_states(const SsdParams& p, cudaStream_t stream);
