@@ -719,9 +719,12 @@ def run_breakdown(ctx, case, trace_dir):
     nsets = int(min(ctx.args.max_sets, max(2, math.ceil(ctx.rotate_bytes / set_bytes)))) if ctx.cuda else 2
     bd["nsets"] = nsets
     es_state = {"auto": pr.es, "fp32": 4, "bf16": 2, "fp16": 2}[ctx.args.state_dtype]
-    # (the weight pairs: bf16 and fp32 inputs, whose calls at the breakdown's length run segment sums)
+    # (the weights stored twice, fp32 and bf16 pairs: bf16 and fp32 inputs, whose calls at the
+    # breakdown's length run segment sums, at the dstates whose specialised kernel reads fp32
+    # weights; at the others chunk_cumsum stores the pairs alone, as many bytes as fp32)
+    both = case.dtype != "fp16" and not (case.n <= 64 or 128 < case.n <= 256)
     floors = {"ours": roofline.ours_kernel_floors(pr, ctx.copy_gbps, ctx.gemm_tflops, es_state=es_state,
-                                                  weight_pairs=case.dtype != "fp16"),
+                                                  weight_pairs=both),
               "triton": roofline.triton_kernel_floors(pr, ctx.copy_gbps, ctx.gemm_tflops)}
     keys = {"ours": roofline.OURS_KERNEL_KEYS, "triton": roofline.TRITON_KERNEL_KEYS}
     sets = w = None

@@ -176,8 +176,9 @@ def ours_kernel_floors(pr: Problem, copy_gbps: float, gemm_tflops: float, es_sta
                        weight_pairs: bool = False) -> dict:
     """Our kernels with the intermediates of src/kernels/common.cuh (SsdParams): chunk_cumsum
     writes cum, dt' and the state weight (fp32, [row][head][chunk][Q]), with weight_pairs (bf16
-    calls whose segment sums run) the weights again as bf16 pairs for the sums (SsdParams::
-    wst_pairs, 4 bytes a slot), and the carry factor (fp32, [row][head][chunk]); fwd_pass_state
+    calls whose segment sums run, where fused_walk reads fp32 weights) the weights again as bf16
+    pairs for the sums (SsdParams::wst_pairs, 4 bytes a slot; where every reader takes the pairs
+    they replace the fp32 weights, as many bytes), and the carry factor (fp32, [row][head][chunk]); fwd_pass_state
     reads x, B, the weights and carries and writes the chunk states (state_dtype, es_state bytes) and the final states; compute_out reads x, B, C,
     cum, dt' and the chunk states (CB stays on chip) and writes out. Update with the kernels."""
     T, c, cq, st, fin, Dby = _common(pr)
