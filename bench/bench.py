@@ -721,7 +721,8 @@ def run_breakdown(ctx, case, trace_dir):
     es_state = {"auto": pr.es, "fp32": 4, "bf16": 2, "fp16": 2}[ctx.args.state_dtype]
     # (the weights stored twice, fp32 and bf16 pairs: bf16 and fp32 inputs, whose calls at the
     # breakdown's length run segment sums, at the dstates whose specialised kernel reads fp32
-    # weights; at the others chunk_cumsum stores the pairs alone, as many bytes as fp32)
+    # weights; at the others chunk_cumsum stores the pairs alone, as many bytes as fp32: the
+    # dstate rule of kWsStatePairs in src/kernels/fused_walk_ws.cu, kept in step by hand)
     both = case.dtype != "fp16" and not (case.n <= 64 or 128 < case.n <= 256)
     floors = {"ours": roofline.ours_kernel_floors(pr, ctx.copy_gbps, ctx.gemm_tflops, es_state=es_state,
                                                   weight_pairs=both),

@@ -117,8 +117,9 @@ void launch_compute_out(const SsdParams& p, const ComputeOutConfig& cfg, cudaStr
 // cluster per walk; fused_walk_supported); segments (p.nseg > 1) need launch_segment_sums(p, 64)
 // or (p, 128) first; `variant`: see fused_walk_variant.hpp.
 bool fused_walk_supported(const SsdParams& p);
-// Whether FusedWalkVariant::kSpecialized takes p: dstate <= 128, chunks of 128, the batched
-// layout without seq_idx, and a 16-bit output without z that the TMA can store.
+// Whether FusedWalkVariant::kSpecialized takes p: headdim 64, dstate <= 512 (above 128 in
+// segments of at least kSpecializedBlocksMinChunks chunks), chunks of 128, the batched layout
+// without seq_idx, and a 16-bit output without z that the TMA can store.
 bool fused_walk_specialized_supported(const SsdParams& p);
 // Whether the specialised kernel for p's dstate and dtype scales its update by the weights as
 // bf16 pairs, and so takes chunk_cumsum's pairs (p.wst_pairs) in place of fp32 wst.
