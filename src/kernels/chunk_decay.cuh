@@ -109,6 +109,29 @@ __device__ __forceinline__ void store_slots(float* dst, const float (&v)[kN]) {
   }
 }
 
+// Loads kN consecutive floats (16-byte aligned where kN % 4 == 0, else 8-byte) with vector loads.
+template <int kN>
+__device__ __forceinline__ void load_slots(float (&v)[kN], const float* src) {
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(src + i);
+      v[i] = f.x;
+      v[i + 1] = f.y;
+      v[i + 2] = f.z;
+      v[i + 3] = f.w;
+    }
+  } else {
+    static_assert(kN % 2 == 0, "slots per lane");
+#pragma unroll
+    for (int i = 0; i < kN; i += 2) {
+      const float2 f = *reinterpret_cast<const float2*>(src + i);
+      v[i] = f.x;
+      v[i + 1] = f.y;
+    }
+  }
+}
+
 // Stores chunk g of (row, head h) to cum, dtp and carry, and to wst and wst_pairs where asked for.
 template <int kPerLane>
 __device__ __forceinline__ void store_chunk_decay(const SsdParams& p, const ChunkDecay<kPerLane>& d, int64_t row,
