@@ -188,6 +188,7 @@ class Ctx:
         self.dead = None            # set to a message once the CUDA context is unusable
         self.t_start = time.perf_counter()
         self.ours_accepts_out = True
+        self.clocks = None          # gpu_clocks.ClockSampler while the run lasts (CUDA only)
 
     def sync(self):
         if self.cuda:
@@ -334,16 +335,22 @@ def graph_time(ctx, run_all, nsets, budget_s):
         one = max(e0.elapsed_time(e1), 1e-4)
         reps = int(min(ctx.args.max_reps, max(ctx.args.min_reps, budget_s * 1e3 / one)))
         evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        t0 = time.monotonic()
         for a, b in evs:
             a.record()
             g.replay()
             b.record()
         torch.cuda.synchronize()
+        t1 = time.monotonic()
         times = [a.elapsed_time(b) / nsets for a, b in evs]
     finally:
         del g
-    return {"graph_ms": median(times), "graph_ms_p10": pct(times, 0.1), "graph_ms_p90": pct(times, 0.9),
-            "graph_reps": len(times)}
+    d = {"graph_ms": median(times), "graph_ms_p10": pct(times, 0.1), "graph_ms_p90": pct(times, 0.9),
+         "graph_reps": len(times)}
+    clocks = ctx.clocks.window(t0, t1) if ctx.clocks is not None else None
+    if clocks:
+        d.update(clocks)  # sm_mhz, sm_mhz_min, power_w, power_capped, clock_samples
+    return d
 
 
 def host_time(ctx, call_i, nsets, budget_s, key):
@@ -830,6 +837,20 @@ def collect_meta(ctx):
     return m
 
 
+def start_clock_sampler(ctx):
+    """The SM clock and power sampler of the benchmark's GPU (by PCI bus id where torch gives it)."""
+    try:
+        import gpu_clocks
+        p = ctx.torch.cuda.get_device_properties(ctx.dev)
+        bus = None
+        if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        return gpu_clocks.ClockSampler(pci_bus_id=bus, index=ctx.dev.index or 0)
+    except Exception as e:
+        log(f"bench: no clock sampling ({short_exc(e)})")
+        return None
+
+
 def load_impls(ctx):
     args = ctx.args
     if args.impl in ("both", "ours"):
@@ -1066,6 +1087,9 @@ def main(argv=None):
             log(f"  {k}: {v}")
         return 2
     meta = collect_meta(ctx)
+    if ctx.cuda:
+        ctx.clocks = start_clock_sampler(ctx)
+        meta["clock_sampler"] = ctx.clocks.error or "nvml" if ctx.clocks is not None else "not started"
     meta["ours_module"] = args.ours_module
     meta["ours_version"] = getattr(ctx, "ours_version", None)
     meta["ours_file"] = getattr(ctx, "ours_file", None)
@@ -1139,6 +1163,10 @@ def main(argv=None):
             if doc["breakdown"].get("error"):
                 log("breakdown error: " + doc["breakdown"]["error"].splitlines()[-1])
     doc["meta"]["elapsed_s"] = ctx.elapsed()
+    if ctx.clocks is not None:
+        ctx.clocks.close()
+        if ctx.clocks.error:
+            doc["meta"]["clock_sampler"] = ctx.clocks.error
     write_outputs(ctx, doc, final=True)
     # ---- summary, last
     if doc["results"]:

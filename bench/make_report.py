@@ -159,6 +159,11 @@ METHOD = """\
   each of several input sets in turn (enough sets that together they cover at least 4x the L2, so
   a small shape does not run from the L2); the median over replays (time-budgeted, 0.3 s per
   measurement by default) divided by the number of sets. Speedup = Triton time / our time.
+- **SM clock** (the summary's last item, in runs after v50): NVML read every 50 ms by
+  `bench/gpu_clocks.py` (read only) while each implementation's replays are timed; per sweep the
+  mean over points of each point's mean SM clock, the slowest point's, and the share of samples
+  with the power cap (or power brake) set. Long calls reach the 700 W limit, where the driver
+  lowers the clock (design log v50), so a run's machine moves them.
 - **Eager time**: back-to-back calls from Python, `torch.cuda.synchronize()` around each batch,
   median per-call time over the batches: what a caller without CUDA graphs sees (launch cost
   included).

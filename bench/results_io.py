@@ -99,6 +99,16 @@ def summarize(results: list) -> dict:
                     errs[f"{impl}_{k}_max"] = (float("nan") if any(not _num(v) for v in vals)
                                               else max(vals))
         s["errors"] = errs
+        # the SM clock and power-cap share of the timed replays (bench/gpu_clocks.py), where sampled
+        for impl in IMPLS:
+            mhz = [(r.get(impl) or {}).get("sm_mhz") for r in rs]
+            cap = [(r.get(impl) or {}).get("power_capped") for r in rs]
+            mhz, cap = [v for v in mhz if _num(v)], [v for v in cap if _num(v)]
+            if mhz:
+                s[f"{impl}_sm_mhz_mean"] = sum(mhz) / len(mhz)
+                s[f"{impl}_sm_mhz_min"] = min(mhz)
+            if cap:
+                s[f"{impl}_power_capped_mean"] = sum(cap) / len(cap)
         out[sw] = s
     return out
 
@@ -317,6 +327,12 @@ def summary_lines(summary: dict) -> list:
             parts.append("max err out ours/T " + f"{fmt_err(e.get('ours_err_out_max'))}/{fmt_err(e.get('triton_err_out_max'))}"
                          + (", final " + f"{fmt_err(e.get('ours_err_final_max'))}/{fmt_err(e.get('triton_err_final_max'))}"
                             if "ours_err_final_max" in e or "triton_err_final_max" in e else ""))
+        if "ours_sm_mhz_mean" in s or "triton_sm_mhz_mean" in s:
+            def clock(impl):
+                m, c = s.get(f"{impl}_sm_mhz_mean"), s.get(f"{impl}_power_capped_mean")
+                return (f"{m:.0f} MHz (slowest point {s[f'{impl}_sm_mhz_min']:.0f})" if m is not None else "-") + \
+                    (f", {100 * c:.0f}% of samples power-capped" if c is not None else "")
+            parts.append(f"SM clock while timed: ours {clock('ours')}; Triton {clock('triton')}")
         lines.append("; ".join(parts))
     return lines
 
