@@ -10,8 +10,8 @@
 // It also zeroes fwd_pass_state's progress counters (SsdParams::ready).
 //
 // One CTA per (chunk, row, 4 heads), which stages the chunk's dt of its heads in shared memory a
-// token per thread; then a warp per head (chunk_decay.cuh). Not launched where fused_walk's segment sums
-// compute these for their own chunks (SsdParams::sums_cumsum).
+// token per thread; then a warp per head (chunk_decay.cuh). Not launched where fused_walk's
+// segment sums compute these for their own chunks (SsdParams::sums_cumsum).
 #include "kernels/chunk_decay.cuh"
 #include "kernels/kernels.hpp"
 
@@ -56,6 +56,7 @@ __device__ __forceinline__ void stage_chunk_dt(const SsdParams& p, const ChunkIn
   }
 }
 
+// (8 CTAs per SM: without a minimum ptxas held the 128-slot form to 32 registers and spilled)
 template <int kPerLane>
 __global__ void __launch_bounds__(kWarps * 32, 8) chunk_cumsum_kernel(const SsdParams p, bool early_dependent) {
   constexpr int kQ = kPerLane * 32;
