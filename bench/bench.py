@@ -1089,7 +1089,7 @@ def main(argv=None):
     meta = collect_meta(ctx)
     if ctx.cuda:
         ctx.clocks = start_clock_sampler(ctx)
-        meta["clock_sampler"] = ctx.clocks.error or "nvml" if ctx.clocks is not None else "not started"
+        meta["clock_sampler"] = "not started" if ctx.clocks is None else (ctx.clocks.error or "nvml")
     meta["ours_module"] = args.ours_module
     meta["ours_version"] = getattr(ctx, "ours_version", None)
     meta["ours_file"] = getattr(ctx, "ours_file", None)
