@@ -44,9 +44,11 @@ class ClockSampler:
         self.error = None
         self._stop = threading.Event()
         self._thread = None
+        self._nvml = None  # (set once nvmlInit_v2 has succeeded: close() shuts NVML down)
         try:
-            self._nvml = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
-            self._check(self._nvml.nvmlInit_v2(), "nvmlInit_v2")
+            nvml = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
+            self._check(nvml.nvmlInit_v2(), "nvmlInit_v2")
+            self._nvml = nvml
             self._dev = ctypes.c_void_p()
             if pci_bus_id:
                 self._check(self._nvml.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(self._dev)),
@@ -57,6 +59,7 @@ class ClockSampler:
             self._sample()  # (fails here, not in the thread, where a query is missing)
         except Exception as e:  # (OSError: no libnvidia-ml; RuntimeError: a call failed)
             self.error = str(e)[:200]
+            self.close()
             return
         self._period = period_s
         self._thread = threading.Thread(target=self._run, name="gpu-clocks", daemon=True)
@@ -91,3 +94,7 @@ class ClockSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+            self._thread = None
+        if self._nvml is not None:
+            self._nvml.nvmlShutdown()
+            self._nvml = None

@@ -163,7 +163,9 @@ METHOD = """\
   `bench/gpu_clocks.py` (read only) while each implementation's replays are timed; per sweep the
   mean over points of each point's mean SM clock, the slowest point's, and the share of samples
   with the power cap (or power brake) set. Long calls reach the 700 W limit, where the driver
-  lowers the clock (design log v50), so a run's machine moves them.
+  lowers the clock (design log v50), so a run's machine moves them. The cap's flag is also set
+  where it takes the clock only a step or two below its maximum: the clocks are what to compare
+  (design log v51).
 - **Eager time**: back-to-back calls from Python, `torch.cuda.synchronize()` around each batch,
   median per-call time over the batches: what a caller without CUDA graphs sees (launch cost
   included).

@@ -18,9 +18,17 @@ def test_window_stats_counts_only_the_window():
 
 
 class FakeNvml:
-    """The five NVML calls the sampler makes; clock 1700 MHz, 650 W, software power cap."""
+    """The NVML calls the sampler makes; clock 1700 MHz, 650 W, software power cap."""
+
+    def __init__(self):
+        self.open = 0
 
     def nvmlInit_v2(self):
+        self.open += 1
+        return 0
+
+    def nvmlShutdown(self):
+        self.open -= 1
         return 0
 
     def nvmlDeviceGetHandleByIndex_v2(self, index, handle):
@@ -45,19 +53,23 @@ class FakeNvml:
 
 
 def test_sampler_on_a_fake_nvml():
-    s = gpu_clocks.ClockSampler(pci_bus_id="00000000:19:00.0", period_s=0.01, lib=FakeNvml())
-    assert s.error is None
+    nvml = FakeNvml()
+    s = gpu_clocks.ClockSampler(pci_bus_id="00000000:19:00.0", period_s=0.01, lib=nvml)
+    assert s.error is None and nvml.open == 1
     t0 = time.monotonic()
     time.sleep(0.1)
     w = s.window(t0, time.monotonic())
     s.close()
+    assert nvml.open == 0
     assert w is not None and w["sm_mhz"] == 1700 and w["power_w"] == 650.0 and w["power_capped"] == 1.0
     assert w["clock_samples"] >= 3
 
 
 def test_sampler_reports_why_not():
-    s = gpu_clocks.ClockSampler(pci_bus_id="00000000:01:00.0", lib=FakeNvml())
+    nvml = FakeNvml()
+    s = gpu_clocks.ClockSampler(pci_bus_id="00000000:01:00.0", lib=nvml)
     assert s.error is not None and "nvmlDeviceGetHandleByPciBusId_v2" in s.error
+    assert nvml.open == 0  # (NVML shut down again)
     assert s.window(0.0, time.monotonic()) is None
     s.close()
 
