@@ -42,14 +42,14 @@ __device__ __forceinline__ void stage_chunk_dt(const SsdParams& p, const ChunkIn
     } else if (vec) {
       const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.dt) + i0);
       const bool bf = p.dt_dtype == DType::kBFloat16;
-      auto to_float = [bf](uint32_t bits) {
+      auto half_bits_to_float = [bf](uint32_t bits) {
         const auto b = static_cast<unsigned short>(bits);
         return bf ? __bfloat162float(__ushort_as_bfloat16(b)) : __half2float(__ushort_as_half(b));
       };
-      dt_s[0][t] = to_float(u.x);
-      dt_s[1][t] = to_float(u.x >> 16);
-      dt_s[2][t] = to_float(u.y);
-      dt_s[3][t] = to_float(u.y >> 16);
+      dt_s[0][t] = half_bits_to_float(u.x);
+      dt_s[1][t] = half_bits_to_float(u.x >> 16);
+      dt_s[2][t] = half_bits_to_float(u.y);
+      dt_s[3][t] = half_bits_to_float(u.y >> 16);
     } else {
       for (int j = 0; j < heads; ++j) dt_s[j][t] = load_any(p.dt, p.dt_dtype, i0 + j * p.dt_sh);
     }
