@@ -90,10 +90,16 @@ class ClockSampler:
     def window(self, t0, t1):
         return window_stats(list(self.samples), t0, t1)
 
-    def close(self):
+    def close(self, join_timeout_s=1.0):
+        """Stops sampling and shuts NVML down, unless the thread is still inside an NVML call after
+        join_timeout_s: then NVML stays open (the process's exit closes it), since shutting it down
+        under a running call is undefined, and `error` says so."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=1.0)
+            self._thread.join(timeout=join_timeout_s)
+            if self._thread.is_alive():
+                self.error = f"the sampling thread did not stop within {join_timeout_s} s; NVML left open"
+                return
             self._thread = None
         if self._nvml is not None:
             self._nvml.nvmlShutdown()

@@ -74,6 +74,34 @@ def test_sampler_reports_why_not():
     s.close()
 
 
+def test_close_leaves_nvml_open_under_a_stuck_call():
+    import threading
+
+    class StuckNvml(FakeNvml):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+            self.release = threading.Event()
+
+        def nvmlDeviceGetClockInfo(self, dev, kind, mhz):
+            self.calls += 1
+            if self.calls > 1:  # (the first sample is taken in the constructor)
+                self.release.wait(5.0)
+            return super().nvmlDeviceGetClockInfo(dev, kind, mhz)
+
+    nvml = StuckNvml()
+    s = gpu_clocks.ClockSampler(period_s=0.01, lib=nvml)
+    deadline = time.monotonic() + 2.0
+    while nvml.calls < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert nvml.calls >= 2
+    s.close(join_timeout_s=0.05)
+    assert nvml.open == 1 and "did not stop" in s.error  # (not shut down under the running call)
+    nvml.release.set()
+    s.close()
+    assert nvml.open == 0
+
+
 def test_summary_line_names_the_clocks():
     import results_io as rio
 
