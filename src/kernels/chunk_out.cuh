@@ -46,7 +46,23 @@ struct Traits {
 // head, row), boxes of 64 x 64 (headdim 128: x in two loads); `kernel` names them in errors.
 struct ChunkInputMaps {
   CUtensorMap C, B, x;
+  // C and B as (64 columns, tokens, 64-column slices, groups, rows), boxes of 4 slices: one TMA
+  // load takes the 4 slices of a 64-token block that C and B take in 4 (fused_walk's block
+  // slots, where the issuing warp's chain waits for every load it issues; add_slice_maps). Only
+  // where dstate is a multiple of 64 (has_slice_maps): else the last slice's missing columns
+  // would be read from the next token instead of being zero-filled.
+  CUtensorMap C_slices, B_slices;
 };
+__host__ __device__ inline bool has_slice_maps(const SsdParams& p) { return p.dstate % 64 == 0; }
+inline void add_slice_maps(ChunkInputMaps& maps, const SsdParams& p, const std::string& kernel) {
+  if (!has_slice_maps(p)) return;
+  const uint32_t box[5] = {64, 64, 4, 1, 1};
+  const int64_t dims[5] = {64, p.seqlen, p.dstate / 64, p.ngroups, p.batch};
+  const int64_t strides_b[4] = {2 * p.B_st, 128, 2 * p.B_sg, 2 * p.B_sb};
+  maps.B_slices = make_tile_map_16bit(p.B, 5, dims, strides_b, box, (kernel + " B slices").c_str());
+  const int64_t strides_c[4] = {2 * p.C_st, 128, 2 * p.C_sg, 2 * p.C_sb};
+  maps.C_slices = make_tile_map_16bit(p.C, 5, dims, strides_c, box, (kernel + " C slices").c_str());
+}
 inline ChunkInputMaps make_chunk_input_maps(const SsdParams& p, const std::string& kernel) {
   ChunkInputMaps maps{};
   const uint32_t box[4] = {64, 64, 1, 1};

@@ -276,10 +276,15 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
     const int tok = static_cast<int>(ci.tok0) + m * kM, row = static_cast<int>(walk.row), n0 = n_base();
     if (parts & kInputTiles) {
       tma::mbar_arrive_expect(bar, 2 * NK * F::kSlice + (m == 0 ? 3 * q * 4 : 0));
+      if (has_slice_maps(p)) {  // (one load for C_m's 4 slices, one for B_m's: see ChunkInputMaps)
+        tma::load_5d(&maps.C_slices, bar, blk, 0, tok, n0 / kN, static_cast<int>(grp), row);
+        tma::load_5d(&maps.B_slices, bar, blk + NK * F::kSlice, 0, tok, n0 / kN, static_cast<int>(grp), row);
+      } else {
 #pragma unroll
-      for (int ks = 0; ks < NK; ++ks) {
-        tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
-        tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
+        for (int ks = 0; ks < NK; ++ks) {
+          tma::load_4d(&maps.C, bar, blk + ks * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
+          tma::load_4d(&maps.B, bar, blk + (NK + ks) * F::kSlice, n0 + ks * kN, tok, static_cast<int>(grp), row);
+        }
       }
     }
     if (m == 0 && (parts & kMetaPart)) {
@@ -292,16 +297,21 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   };
   // kClaims: B_m of the chunk of load index li into slot m on full[m] (its NK slices after C_m's),
   // C_m on full_c[m], the chunk's meta into its ring on full_m.
-  auto load_slices = [&](const CUtensorMap* map, uint64_t* bar, int first, int li, int m) {
+  // (map: the 4-D map, slices: the same tensor's slice map, ChunkInputMaps)
+  auto load_slices = [&](const CUtensorMap* map, const CUtensorMap* slices, uint64_t* bar, int first, int li, int m) {
     const volatile int* o = b_origin;
     char* blk = smem + m * L::kBlockBytes;
     const int tok = o[0] + li * q + m * kM, g = o[1], row = o[2], n0 = n_base();
     tma::mbar_arrive_expect(bar, NK * F::kSlice);
+    if (has_slice_maps(p)) {
+      tma::load_5d(slices, bar, blk + first * F::kSlice, 0, tok, n0 / kN, g, row);
+    } else {
 #pragma unroll
-    for (int ks = 0; ks < NK; ++ks) tma::load_4d(map, bar, blk + (first + ks) * F::kSlice, n0 + ks * kN, tok, g, row);
+      for (int ks = 0; ks < NK; ++ks) tma::load_4d(map, bar, blk + (first + ks) * F::kSlice, n0 + ks * kN, tok, g, row);
+    }
   };
-  auto load_b = [&](int li, int m) { load_slices(&maps.B, full + m, NK, li, m); };
-  auto load_c = [&](int li, int m) { load_slices(&maps.C, full_c + m, 0, li, m); };
+  auto load_b = [&](int li, int m) { load_slices(&maps.B, &maps.B_slices, full + m, NK, li, m); };
+  auto load_c = [&](int li, int m) { load_slices(&maps.C, &maps.C_slices, full_c + m, 0, li, m); };
   auto load_meta = [&](int li) {
     const int64_t off = *static_cast<const volatile int64_t*>(meta_origin) + static_cast<int64_t>(li) * p.chunk;
     float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, li), 0));
@@ -1079,13 +1089,15 @@ void launch_fused_walk_specialized(const SsdParams& p, const ChunkInputMaps& map
                        " walks one head per CTA without a pre-walk, got " + std::to_string(p.ws_heads) +
                        " heads per CTA" + (p.prewalk ? " and a pre-walk" : ""));
   }
+  ChunkInputMaps block_maps = maps;
+  add_slice_maps(block_maps, p, "fused_walk (specialised)");
   if (p.dstate > 256) {
-    if (p.fp16) launch_ws_typed<cutlass::half_t, 4, 1, 2>(p, maps, out_map, walks, stream);
-    else launch_ws_typed<cutlass::bfloat16_t, 4, 1, 2>(p, maps, out_map, walks, stream);
+    if (p.fp16) launch_ws_typed<cutlass::half_t, 4, 1, 2>(p, block_maps, out_map, walks, stream);
+    else launch_ws_typed<cutlass::bfloat16_t, 4, 1, 2>(p, block_maps, out_map, walks, stream);
     return;
   }
-  if (p.fp16) launch_ws_typed<cutlass::half_t, 4, 1>(p, maps, out_map, walks, stream);
-  else launch_ws_typed<cutlass::bfloat16_t, 4, 1>(p, maps, out_map, walks, stream);
+  if (p.fp16) launch_ws_typed<cutlass::half_t, 4, 1>(p, block_maps, out_map, walks, stream);
+  else launch_ws_typed<cutlass::bfloat16_t, 4, 1>(p, block_maps, out_map, walks, stream);
 }
 
 }  // namespace fused_walk_parts
