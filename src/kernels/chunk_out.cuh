@@ -47,10 +47,11 @@ struct Traits {
 struct ChunkInputMaps {
   CUtensorMap C, B, x;
   // C and B as (64 columns, tokens, 64-column slices, groups, rows), boxes of 4 slices: one TMA
-  // load takes the 4 slices of a 64-token block that C and B take in 4 (fused_walk's block
-  // slots, where the issuing warp's chain waits for every load it issues; add_slice_maps). Only
-  // where dstate is a multiple of 64 (has_slice_maps): else the last slice's missing columns
-  // would be read from the next token instead of being zero-filled.
+  // load brings a 64-token block's 4 slices, which the 4-D maps bring in 4 loads. fused_walk's
+  // block slots issue their refills on the walk's chain, where each load instruction counted
+  // (design log v53); only their launch builds these (add_slice_maps). Only where dstate is a
+  // multiple of 64 (has_slice_maps): else the last slice's missing columns would be read from
+  // the next token instead of being zero-filled.
   CUtensorMap C_slices, B_slices;
 };
 __host__ __device__ inline bool has_slice_maps(const SsdParams& p) { return p.dstate % 64 == 0; }
