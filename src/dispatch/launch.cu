@@ -438,8 +438,9 @@ kernels::FusedWalkVariant fused_variant_of(const kernels::SsdParams& k, int sm_c
 // Where every reader of chunk_cumsum's weights takes them as bf16 pairs (the specialised kernel's
 // forms that scale by pairs, kernels::fused_walk_specialized_reads_pairs, and the bf16 segment
 // sums without chunk_cumsum's work), chunk_cumsum stores the pairs alone: k.wst nullptr, the
-// pairs in wst's region where none was kept for them (the 4 bytes per token and head that the
-// pairs added in v48: dstate 64 calls 0.4% slower then).
+// pairs in wst's region, where the specialised kernel reads a chunk's cum, dt' and weights in one
+// load (the 4 bytes per token and head that the pairs added in v48: dstate 64 calls 0.4% slower
+// then).
 // MAMBA2_SSD_WEIGHT_PAIRS_ALONE=0: both stored (for measuring).
 void weight_pairs_alone_where_enough(kernels::SsdParams& k, int sm_count) {
   const char* e = std::getenv("MAMBA2_SSD_WEIGHT_PAIRS_ALONE");
@@ -448,7 +449,7 @@ void weight_pairs_alone_where_enough(kernels::SsdParams& k, int sm_count) {
       !kernels::fused_walk_specialized_reads_pairs(k)) {
     return;
   }
-  if (k.wst_pairs == nullptr) k.wst_pairs = k.wst;
+  k.wst_pairs = k.wst;  // (in wst's region, beside cum and dt': the specialised kernel's meta map)
   k.wst = nullptr;
 }
 

@@ -70,6 +70,14 @@ constexpr bool kWsBlockSlots = NK == 4;
 template <class T, int NK, int kRanks>
 constexpr bool kWsStatePairs = std::is_same_v<T, cutlass::bfloat16_t> && (NK == 1 || (kWsBlockSlots<NK> && kRanks == 1));
 
+// A chunk's meta (cum, dt', weights) in one TMA load of maps.meta instead of three bulk copies, at
+// one rank: there the state warpgroup (chunk slots) or block 0's refill (block slots) issues it
+// on the walk's chain (chunk slots 0.7-1.5%, one-rank block slots 0.4-0.8% faster; design log v54).
+// Two ranks load it off the chain, two chunks ahead, and keep the three copies (a form with the
+// map there measured -0.4% to +1.9%).
+template <int kRanks>
+constexpr bool kWsMetaMap = kRanks == 1;
+
 template <class T, int NK, int HP, int kRanks = 1>
 struct WsLayout {
   using F = Fused<T, NK, 1>;
@@ -144,6 +152,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   // slower there with this protocol, 1.8-2.3% faster on two ranks, design log v46).
   constexpr bool kClaims = kBlocks && kRanks > 1;
   constexpr bool kStatePairs = kWsStatePairs<T, NK, kRanks>;
+  constexpr bool kMetaMap = kWsMetaMap<kRanks>;
   // (kStatePairs: the meta's weights as chunk_cumsum's pairs where it stores them, else fp32)
   const bool pairs_in = kStatePairs && p.wst_pairs != nullptr;
   const float* w_in = pairs_in ? p.wst_pairs : p.wst;
@@ -288,11 +297,15 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       }
     }
     if (m == 0 && (parts & kMetaPart)) {
-      const int64_t off = cum_offset(p, walk.row, h0, walk.g0 + c_first + li);
       float* meta = const_cast<float*>(cum_of(meta_buf(nullptr, li), 0));
-      tma::load_bulk(meta, p.cum + off, q * 4, bar);
-      tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
-      tma::load_bulk(meta + 2 * q, w_in + off, q * 4, bar);
+      if constexpr (kMetaMap) {
+        tma::load_3d(&maps.meta, bar, meta, 0, static_cast<int>(carry_offset(p, walk.row, h0, walk.g0 + c_first + li)), 0);
+      } else {
+        const int64_t off = cum_offset(p, walk.row, h0, walk.g0 + c_first + li);
+        tma::load_bulk(meta, p.cum + off, q * 4, bar);
+        tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
+        tma::load_bulk(meta + 2 * q, w_in + off, q * 4, bar);
+      }
     }
   };
   // kClaims: B_m of the chunk of load index li into slot m on full[m] (its NK slices after C_m's),
@@ -382,14 +395,22 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
       }
     }
     if (parts & kMetaPart) {
-      const int64_t off0 = cum_offset(p, walk.row, h0, walk.g0 + c_first + i);  // (head h0 + j: + j nchunks Q)
+      if constexpr (kMetaMap) {
+        const int slot0 = static_cast<int>(carry_offset(p, walk.row, h0, walk.g0 + c_first + i));  // (head h0 + j: + j nchunks)
 #pragma unroll
-      for (int j = 0; j < HP; ++j) {
-        const int64_t off = off0 + j * p.nchunks * q;
-        float* meta = const_cast<float*>(cum_of(buf, j));
-        tma::load_bulk(meta, p.cum + off, q * 4, bar);
-        tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
-        tma::load_bulk(meta + 2 * q, w_in + off, q * 4, bar);
+        for (int j = 0; j < HP; ++j) {
+          tma::load_3d(&maps.meta, bar, const_cast<float*>(cum_of(buf, j)), 0, slot0 + j * static_cast<int>(p.nchunks), 0);
+        }
+      } else {
+        const int64_t off0 = cum_offset(p, walk.row, h0, walk.g0 + c_first + i);  // (head h0 + j: + j nchunks Q)
+#pragma unroll
+        for (int j = 0; j < HP; ++j) {
+          const int64_t off = off0 + j * p.nchunks * q;
+          float* meta = const_cast<float*>(cum_of(buf, j));
+          tma::load_bulk(meta, p.cum + off, q * 4, bar);
+          tma::load_bulk(meta + q, p.dtp + off, q * 4, bar);
+          tma::load_bulk(meta + 2 * q, w_in + off, q * 4, bar);
+        }
       }
     }
   };
@@ -1044,13 +1065,39 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   if ((kClaims ? lane_id_now() : lane) == 0) tma::bulk_wait_all<true>();
 }
 
+// maps.meta for the kernel's params `p`: chunk_cumsum's cum, dt' and the weights the kernel reads
+// (its pairs where kStatePairs and given, else the fp32 ones) as the three arrays of a 3-D map,
+// which needs them at equal distances (the workspace's cum, dt' and wst regions). Where the pairs
+// lie elsewhere (both kinds of weights stored) `p` drops them and the kernel makes its own from
+// the fp32 weights, as it does where none are given.
+template <class T, int NK, int kRanks>
+void add_meta_map(SsdParams& p, ChunkInputMaps& maps) {
+  const int64_t gap = p.dtp - p.cum;
+  const float* third = p.dtp + gap;
+  if (kWsStatePairs<T, NK, kRanks> && p.wst_pairs != nullptr && p.wst_pairs != third && p.wst == third) p.wst_pairs = nullptr;
+  const float* w = kWsStatePairs<T, NK, kRanks> && p.wst_pairs != nullptr ? p.wst_pairs : p.wst;
+  const int64_t slots = p.batch * p.nheads * p.nchunks;
+  if (gap <= 0 || w != third || slots > INT32_MAX) {
+    throw_launch_error("fused_walk: the specialised variant reads chunk_cumsum's cum, dt' and weights as one map of "
+                       "three equally spaced arrays, got distances " + std::to_string(gap) + " and " +
+                       std::to_string(w - p.dtp) + " floats over " + std::to_string(slots) + " chunk slots");
+  }
+  const int64_t dims[3] = {p.chunk, slots, 3};
+  const int64_t strides[2] = {4 * static_cast<int64_t>(p.chunk), 4 * gap};
+  const uint32_t box[3] = {static_cast<uint32_t>(p.chunk), 1, 3};
+  maps.meta = make_plain_map_f32(p.cum, 3, dims, strides, box, "fused_walk (specialised) meta");
+}
+
 template <class T, int NK, int HP, int kRanks = 1>
-void launch_ws_typed(const SsdParams& p, const ChunkInputMaps& maps, const CUtensorMap& out_map, int64_t walks,
+void launch_ws_typed(const SsdParams& p_in, const ChunkInputMaps& maps_in, const CUtensorMap& out_map, int64_t walks,
                      cudaStream_t stream) {
+  SsdParams p = p_in;
+  ChunkInputMaps maps = maps_in;
   if (p.wst == nullptr && !(kWsStatePairs<T, NK, kRanks> && p.wst_pairs != nullptr)) {
     throw_launch_error("fused_walk: the specialised variant at dstate " + std::to_string(p.dstate) +
                        " reads chunk_cumsum's fp32 weights (SsdParams::wst), got none");
   }
+  if constexpr (kWsMetaMap<kRanks>) add_meta_map<T, NK, kRanks>(p, maps);
   auto kernel = fused_walk_ws_kernel<T, NK, HP, kRanks>;
   constexpr int smem = WsLayout<T, NK, HP, kRanks>::kBytes;
   static_assert(smem <= 227 * 1024, "shared memory of the specialised walk");

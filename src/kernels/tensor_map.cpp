@@ -35,10 +35,9 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-}  // namespace
-
-CUtensorMap make_tile_map_16bit(const void* base, int rank, const int64_t* dims, const int64_t* strides_bytes,
-                                const uint32_t* box, const char* what, int swizzle_bytes) {
+// A tiled load map of `type` (elements of `elem_bytes`), as make_tile_map_16bit describes.
+CUtensorMap make_map(CUtensorMapDataType type, int elem_bytes, CUtensorMapSwizzle swizzle, const void* base, int rank,
+                     const int64_t* dims, const int64_t* strides_bytes, const uint32_t* box, const char* what) {
   cuuint64_t gdim[5];
   cuuint64_t gstride[4];
   cuuint32_t bdim[5];
@@ -52,16 +51,15 @@ CUtensorMap make_tile_map_16bit(const void* base, int rank, const int64_t* dims,
   for (int i = 0; i + 1 < rank; ++i) {
     int64_t s = strides_bytes[i];
     if (gdim[i + 1] == 1) {
-      s = i == 0 ? 2 * static_cast<int64_t>(gdim[0]) : static_cast<int64_t>(gstride[i - 1]) * static_cast<int64_t>(gdim[i]);
+      s = i == 0 ? elem_bytes * static_cast<int64_t>(gdim[0])
+                 : static_cast<int64_t>(gstride[i - 1]) * static_cast<int64_t>(gdim[i]);
       s = (s + 15) / 16 * 16;
     }
     gstride[i] = static_cast<cuuint64_t>(s);
   }
   CUtensorMap map{};
-  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, static_cast<cuuint32_t>(rank),
-                                 const_cast<void*>(base), gdim, gstride, bdim, estride,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult r = encode_fn()(&map, type, static_cast<cuuint32_t>(rank), const_cast<void*>(base), gdim, gstride,
+                                 bdim, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::string shape, strides;
@@ -72,6 +70,21 @@ CUtensorMap make_tile_map_16bit(const void* base, int rank, const int64_t* dims,
                     " for dims (" + shape + "), byte strides (" + strides + ")");
   }
   return map;
+}
+
+}  // namespace
+
+CUtensorMap make_tile_map_16bit(const void* base, int rank, const int64_t* dims, const int64_t* strides_bytes,
+                                const uint32_t* box, const char* what, int swizzle_bytes) {
+  return make_map(CU_TENSOR_MAP_DATA_TYPE_UINT16, 2,
+                  swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, base, rank, dims,
+                  strides_bytes, box, what);
+}
+
+CUtensorMap make_plain_map_f32(const void* base, int rank, const int64_t* dims, const int64_t* strides_bytes,
+                               const uint32_t* box, const char* what) {
+  return make_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, CU_TENSOR_MAP_SWIZZLE_NONE, base, rank, dims, strides_bytes,
+                  box, what);
 }
 
 }  // namespace mamba2_ssd::kernels

@@ -16,5 +16,9 @@ namespace mamba2_ssd::kernels {
 // when the driver refuses the map.
 CUtensorMap make_tile_map_16bit(const void* base, int rank, const int64_t* dims, const int64_t* strides_bytes,
                                 const uint32_t* box, const char* what, int swizzle_bytes = 128);
+// The same over fp32 elements without swizzle (box[0] * 4 bytes a multiple of 16): the box lands
+// in shared memory in the order of its dims, dim 0 innermost.
+CUtensorMap make_plain_map_f32(const void* base, int rank, const int64_t* dims, const int64_t* strides_bytes,
+                               const uint32_t* box, const char* what);
 
 }  // namespace mamba2_ssd::kernels

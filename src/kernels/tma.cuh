@@ -69,6 +69,13 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 
 // Tiled loads: box at element coordinates (c0 innermost, ...) into `dst` (1024-byte aligned for
 // the 128-byte swizzle); completion is counted on `bar`.
+__device__ __forceinline__ void load_3d(const CUtensorMap* map, uint64_t* bar, void* dst, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 __device__ __forceinline__ void load_4d(const CUtensorMap* map, uint64_t* bar, void* dst, int c0, int c1, int c2,
                                         int c3) {
   asm volatile(
