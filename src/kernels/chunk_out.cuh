@@ -53,9 +53,9 @@ struct ChunkInputMaps {
   // multiple of 64 (has_slice_maps): else the last slice's missing columns would be read from
   // the next token instead of being zero-filled.
   CUtensorMap C_slices, B_slices;
-  // fused_walk's specialised kernel only: chunk_cumsum's cum, dt' and the weights it reads as
-  // (chunk slots, (row, head, chunk), the three arrays), fp32, boxes of one chunk's three arrays:
-  // a chunk's meta in one TMA load instead of three bulk copies (add_meta_map).
+  // fused_walk's specialised kernel only (one rank): chunk_cumsum's cum, dt' and the weights it
+  // reads as (a chunk's values, (row, head, chunk), the three arrays), fp32, boxes of one chunk's
+  // three arrays: a chunk's meta in one TMA load instead of three bulk copies (add_meta_map).
   CUtensorMap meta;
 };
 __host__ __device__ inline bool has_slice_maps(const SsdParams& p) { return p.dstate % 64 == 0; }

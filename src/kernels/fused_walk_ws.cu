@@ -72,7 +72,7 @@ constexpr bool kWsStatePairs = std::is_same_v<T, cutlass::bfloat16_t> && (NK == 
 
 // A chunk's meta (cum, dt', weights) in one TMA load of maps.meta instead of three bulk copies, at
 // one rank: there the state warpgroup (chunk slots) or block 0's refill (block slots) issues it
-// on the walk's chain (chunk slots 0.7-1.5%, one-rank block slots 0.4-0.8% faster; design log v54).
+// on the walk's chain (chunk slots 0.7-1.5%, one-rank block slots 0.4-1.1% faster; design log v54).
 // Two ranks load it off the chain, two chunks ahead, and keep the three copies (a form with the
 // map there measured -0.4% to +1.9%).
 template <int kRanks>

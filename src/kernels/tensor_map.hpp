@@ -1,5 +1,5 @@
 // Host side of the tensor-memory-accelerator (TMA) loads: building the CUtensorMap of a strided
-// 16-bit tensor. The driver function is looked up at run time (no link against libcuda).
+// 16-bit or fp32 tensor. The driver function is looked up at run time (no link against libcuda).
 #pragma once
 
 #include <cuda.h>
