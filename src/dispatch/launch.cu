@@ -453,6 +453,30 @@ void weight_pairs_alone_where_enough(kernels::SsdParams& k, int sm_count) {
   k.wst = nullptr;
 }
 
+// Where fused_walk's specialised kernel runs on one rank (dstate <= 256) after chunk_cumsum and
+// without a pre-walk, chunk_cumsum stores e and that kernel's weights for it (SsdParams::walk_meta):
+// its state warpgroup then skips a step and a barrier per chunk. CLI A/B against computing them
+// there (H200, design log v55): anchor dstate 128 at 16K / 64K 1.3 / 1.6% faster, the 2.7B layer
+// 4 x 8K 2.5%, the 8-group layer 1.7%. Not where it cost as much as it saved or more: beside
+// segment sums that need the weights' pairs as well as the kernel's (dstate 64 and 256, bf16: one
+// more array to store, 0.3% faster to 0.1% slower), on two ranks (dstate 512 16K 0.6% slower), and
+// where the sums do chunk_cumsum's work on their chain (1K tokens 1.7-2.3% slower); nor where
+// another reader needs dt' or the fp32 weights (varlen_states in the batched layout, fp16 segment
+// sums). MAMBA2_SSD_WALK_META=0: never (for measuring).
+void meta_for_walk_where_it_pays(const ForwardParams& p, kernels::SsdParams& k, int sm_count) {
+  const char* e = std::getenv("MAMBA2_SSD_WALK_META");
+  if ((e != nullptr && std::string(e) == "0") || k.dstate > 256 || k.prewalk || k.sums_cumsum ||
+      (p.layout != Layout::kVarlen && p.varlen_states.present()) ||
+      fused_variant_of(k, sm_count) != kernels::FusedWalkVariant::kSpecialized) {
+    return;
+  }
+  const bool sums = k.nseg > 1;  // (sums without chunk_cumsum's work: they read wst_pairs, bf16, or wst)
+  const bool pairs = kernels::fused_walk_specialized_reads_pairs(k);
+  if (sums && (k.wst_pairs == nullptr || pairs)) return;
+  k.walk_meta = true;
+  k.walk_pairs = pairs;
+}
+
 // Whether fused_walk's segment sums may split their segments (SsdParams::sum_split), and into how
 // many parts at most (the workspace holds max_segments - 1 sums per walk and head).
 bool sums_splittable(const kernels::SsdParams& k) {
@@ -519,7 +543,8 @@ kernels::SsdParams fused_params(const ForwardParams& p, kernels::SsdParams k, in
   const bool batched_varlen_states = p.layout != Layout::kVarlen && p.varlen_states.present();
   if (!p.chunk_states.present() && !batched_varlen_states) k.states = nullptr;
   keep_weight_pairs_where_read(k);
-  weight_pairs_alone_where_enough(k, sm_count);
+  meta_for_walk_where_it_pays(p, k, sm_count);
+  if (!k.walk_meta) weight_pairs_alone_where_enough(k, sm_count);
   return k;
 }
 
@@ -624,6 +649,36 @@ KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s
 namespace {
 
 // The launches of one call in the kernels' chunks, its settings resolved (from `source`).
+// The kernels' parameters of one call in the kernels' chunks under settings `cfg`, in a workspace
+// of `workspace_bytes` at `ws`.
+struct CallPlan {
+  WorkspacePlan w;
+  kernels::SsdParams k;
+  bool fused = false;
+  kernels::PassStateConfig ps;
+  kernels::ComputeOutConfig co;
+};
+CallPlan plan_call(const KernelCall& call, const KernelConfig& cfg, char* ws, std::size_t workspace_bytes) {
+  const ForwardParams& p = call.p;
+  const ProblemShape& s = call.s;
+  CallPlan c;
+  c.ps.dstate_tile = cfg.pass_state_dstate_tile;
+  c.ps.stages = cfg.pass_state_stages;
+  c.ps.segments = cfg.pass_state_segments;
+  // A workspace without room for the two kernels' chunk states (sized under fused_walk settings,
+  // forward() checked that it holds the least): fused_walk, whatever the settings say.
+  const WorkspacePlan full = plan_workspace(p, s);
+  c.fused = fused_walk_applies(s) && (cfg.fused_walk == 2 || workspace_bytes < full.total);
+  c.w = c.fused && !fused_needs_chunk_states(p) ? plan_workspace(p, s, false) : full;
+  const kernels::SsdParams k0 = make_kernel_params(p, s, c.w, ws);
+  const int sm_count = current_device_id().sm_count;
+  c.k = c.fused ? fused_params(p, k0, cfg.pass_state_segments, cfg.fused_walk_heads_per_cta, c.w, sm_count)
+                : with_pass_state(k0, c.ps, c.w);
+  const int walks = static_cast<int>(walk_count(p, s));
+  if (!c.fused) c.co = compute_out_config(c.k, c.ps, cfg.compute_out_heads_per_cta, walks, sm_count);
+  return c;
+}
+
 void run_call(const KernelCall& call, KernelConfig cfg, const std::string& source, void* workspace,
               std::size_t workspace_bytes, CUstream_st* stream_handle) {
   const ForwardParams& p = call.p;
@@ -637,28 +692,20 @@ void run_call(const KernelCall& call, KernelConfig cfg, const std::string& sourc
     opt.repeats = 3;
     cfg = gpu_tune(p, s, workspace, workspace_bytes, stream_handle, opt).best;
   }
-  kernels::PassStateConfig ps;
-  ps.dstate_tile = cfg.pass_state_dstate_tile;
-  ps.stages = cfg.pass_state_stages;
-  ps.segments = cfg.pass_state_segments;
-  // A workspace without room for the two kernels' chunk states (sized under fused_walk settings,
-  // forward() checked that it holds the least): fused_walk, whatever the settings say.
-  const WorkspacePlan full = plan_workspace(p, s);
-  const bool fused = fused_walk_applies(s) && (cfg.fused_walk == 2 || workspace_bytes < full.total);
-  const WorkspacePlan w = fused && !fused_needs_chunk_states(p) ? plan_workspace(p, s, false) : full;
-  const kernels::SsdParams k0 = make_kernel_params(p, s, w, ws);
-  const int sm_count = current_device_id().sm_count;
-  const kernels::SsdParams k =
-      fused ? fused_params(p, k0, cfg.pass_state_segments, cfg.fused_walk_heads_per_cta, w, sm_count)
-            : with_pass_state(k0, ps, w);
-  kernels::ComputeOutConfig co;
-  const int walks = static_cast<int>(walk_count(p, s));
-  if (!fused) co = compute_out_config(k, ps, cfg.compute_out_heads_per_cta, walks, sm_count);
-  launch_prefix(p, s, w, ws, k, fused, stream);
-  launch_walk_and_output(p, k, fused, ps, co, sm_count, stream);
+  const CallPlan c = plan_call(call, cfg, ws, workspace_bytes);
+  launch_prefix(p, s, c.w, ws, c.k, c.fused, stream);
+  launch_walk_and_output(p, c.k, c.fused, c.ps, c.co, current_device_id().sm_count, stream);
 }
 
 }  // namespace
+
+bool stores_walk_meta(const ForwardParams& call_p, const ProblemShape& call_s) {
+  check_device_once();
+  const KernelCall call = kernel_call(call_p, call_s);
+  std::string source;
+  const KernelConfig cfg = resolve_for(call, &source, nullptr);
+  return plan_call(call, cfg, nullptr, workspace_now(call, cfg, source)).k.walk_meta;
+}
 
 void gpu_forward(const ForwardParams& call_p, const ProblemShape& call_s, void* workspace, std::size_t workspace_bytes,
                  CUstream_st* stream) {

@@ -41,6 +41,10 @@ TuneResult gpu_tune(const ForwardParams& p, const ProblemShape& s, void* workspa
 KernelConfig resolve_kernel_config(const ForwardParams& p, const ProblemShape& s, std::string* source,
                                    std::string* key);
 
+// Whether forward() of this validated call, under the settings it resolves now, has chunk_cumsum
+// store the specialised fused_walk's per-chunk quantities (kernels::SsdParams::walk_meta; tests).
+bool stores_walk_meta(const ForwardParams& p, const ProblemShape& s);
+
 // Name and SM count of the current device.
 DeviceId current_device_id();
 

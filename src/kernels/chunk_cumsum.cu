@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8) chunk_cumsum_kernel(const SsdP
   load_slots(staged, &dt_s[warp][lane * kPerLane]);
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) dt[e] = lane * kPerLane + e < ci.count ? staged[e] + hd.bias : 0.0f;
-  store_chunk_decay(p, chunk_decay(p, ci, hd.a, lane, dt), ci.row, h, g, lane);
+  store_chunk_decay<kPerLane, true>(p, chunk_decay(p, ci, hd.a, lane, dt), hd.a, ci.row, h, g, lane);
 }
 
 }  // namespace

@@ -132,24 +132,44 @@ __device__ __forceinline__ void load_slots(float (&v)[kN], const float* src) {
   }
 }
 
-// Stores chunk g of (row, head h) to cum, dtp and carry, and to wst and wst_pairs where asked for.
-template <int kPerLane>
-__device__ __forceinline__ void store_chunk_decay(const SsdParams& p, const ChunkDecay<kPerLane>& d, int64_t row,
-                                                  int h, int64_t g, int lane) {
+// Stores chunk g of (row, head h) to cum, dtp and carry, and to wst and wst_pairs where asked for;
+// kWalkMeta (chunk_cumsum) with SsdParams::walk_meta (chunks of 64 x 2 tokens): e in dtp's place
+// and the specialised fused_walk's weights in wst's (a_h: A of head h).
+template <int kPerLane, bool kWalkMeta = false>
+__device__ __forceinline__ void store_chunk_decay(const SsdParams& p, const ChunkDecay<kPerLane>& d, float a_h,
+                                                  int64_t row, int h, int64_t g, int lane) {
   const int64_t off = cum_offset(p, row, h, g) + lane * kPerLane;  // (16-byte aligned)
   store_slots(p.cum + off, d.cum);
-  store_slots(p.dtp + off, d.dtp);
-  if (p.wst != nullptr) store_slots(p.wst + off, d.wst);
-  if (p.wst_pairs != nullptr) {
+  auto store_pairs = [&](float* dst, const float (&w)[kPerLane]) {
     float pairs[kPerLane];
 #pragma unroll
     for (int e = 0; e < kPerLane; e += 2) {
-      const float2 hl = weight_pair(d.wst[e], d.wst[e + 1]);
+      const float2 hl = weight_pair(w[e], w[e + 1]);
       pairs[e] = hl.x;
       pairs[e + 1] = hl.y;
     }
-    store_slots(p.wst_pairs + off, pairs);
+    store_slots(dst, pairs);
+  };
+  if (kWalkMeta && p.walk_meta) {
+    // (the same operations as the kernel's state warpgroup, so the same bits; block 0 ends at
+    // slot kMid)
+    constexpr int kMid = 16 * kPerLane - 1;
+    const float cum_mid = __shfl_sync(0xffffffffu, d.cum[kMid % kPerLane], kMid / kPerLane);
+    const bool grows = a_h > 0.0f;
+    float e_s[kPerLane], w[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      e_s[i] = (grows ? 0.0f : d.cum[i]) - fast_log2(d.dtp[i]);
+      w[i] = !grows && lane * kPerLane + i <= kMid ? fast_exp2(cum_mid - e_s[i]) : d.wst[i];
+    }
+    store_slots(p.dtp + off, e_s);
+    if (p.walk_pairs) store_pairs(p.wst + off, w);
+    else store_slots(p.wst + off, w);
+  } else {
+    store_slots(p.dtp + off, d.dtp);
+    if (p.wst != nullptr) store_slots(p.wst + off, d.wst);
   }
+  if (p.wst_pairs != nullptr) store_pairs(p.wst_pairs + off, d.wst);
   if (lane == 0) p.carry[carry_offset(p, row, h, g)] = d.carry;
 }
 

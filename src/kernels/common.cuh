@@ -107,6 +107,15 @@ struct SsdParams {
   // nullptr; the sums without chunk_cumsum's work and the specialised fused_walk's forms that
   // scale by pairs (fused_walk_specialized_reads_pairs) read it in place of wst.
   float* wst_pairs;
+  // For fused_walk's specialised kernel (without a pre-walk; the launch's rule for where it pays:
+  // meta_for_walk_where_it_pays): chunk_cumsum stores what that kernel's state warpgroup would
+  // otherwise compute at every chunk from cum and dt' (and wait for at a barrier): in dt''s
+  // place e = cum - log2(dt') (cum taken as 0 where A > 0), in wst's the kernel's weights, block
+  // 0's tokens weighted to the middle of the chunk, exp2(cum_63 - e), and block 1's as wst (A > 0:
+  // every token as wst), as bf16 pairs where walk_pairs (the forms that scale by pairs). dt' and
+  // the fp32 wst are then not stored; wst_pairs, where given, still holds the pairs of wst for the
+  // segment sums. The bits of every output are those of the kernel computing them itself.
+  bool walk_meta, walk_pairs;
 };
 
 constexpr float kLog2e = 1.4426950408889634f;

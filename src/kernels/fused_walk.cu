@@ -586,6 +586,10 @@ void launch_fused_walk(const SsdParams& p, FusedWalkVariant variant, cudaStream_
     throw_launch_error("fused_walk: two warpgroups at dstate <= 128 take chunks of 128, got dstate " +
                        std::to_string(p.dstate) + ", chunk " + std::to_string(p.chunk));
   }
+  if (p.walk_meta && variant != FusedWalkVariant::kSpecialized) {
+    throw_launch_error("fused_walk: chunk_cumsum's walk meta (SsdParams::walk_meta) is for the specialised variant, "
+                       "which does not run here (dstate " + std::to_string(p.dstate) + ")");
+  }
   const ChunkInputMaps maps = make_chunk_input_maps(p, "fused_walk");
   CUtensorMap out_map{};
   bool out_tma = out_store_by_tma(p);

@@ -23,7 +23,8 @@ namespace st = state_tile;
 // One CTA of three warpgroups per SM, walking one head or, at dstate <= 64, HP = 2 heads of one
 // group (SsdParams::ws_heads): those share each chunk's C and B tiles and C_m B_m^T, and every
 // part below runs once per head (two states, two H_s copies, two outputs per block).
-// Warpgroup 0 holds the state: it writes the chunk's e_s (in place of dt'), updates H with each
+// Warpgroup 0 holds the state: it writes the chunk's e_s (in place of dt'; on one rank chunk_cumsum
+// may have stored it, SsdParams::walk_meta), updates H with each
 // 64-token block in turn and writes H_s twice per chunk, the state entering it (start) and the
 // state after block 0 (mid); it stores the chunk states and issues the loads. Warpgroup 1 + m
 // computes block m's output of every chunk from H_s(start) or H_s(mid): block 1 then needs no
@@ -155,6 +156,9 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   constexpr bool kMetaMap = kWsMetaMap<kRanks>;
   // (kStatePairs: the meta's weights as chunk_cumsum's pairs where it stores them, else fp32)
   const bool pairs_in = kStatePairs && p.wst_pairs != nullptr;
+  // SsdParams::walk_meta: e and the weights as chunk_cumsum stored them, one rank only (the launch
+  // refuses it on two, where it was slower: design log v55)
+  const bool walk_meta = kRanks == 1 && p.walk_meta;
   const float* w_in = pairs_in ? p.wst_pairs : p.wst;
   // The CTA's rank and its first state column (read where used, as in fused_walk_kernel).
   auto rank_now = [&]() { return kRanks == 1 ? 0 : static_cast<int>(tma::cluster_rank()); };
@@ -578,7 +582,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         write_hs(0, ph);
         if constexpr (kClaims) tma::mbar_wait(full_m + c_rel % 4, static_cast<uint32_t>(c_rel / 4) & 1u);
         else tma::mbar_wait(full, ph);
-        {
+        if (!walk_meta) {  // (else chunk_cumsum stored them so)
           const float e = (a_grows[0] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
           meta[q + wtid] = e;
           const bool mid = !a_grows[0] && wtid < kM;  // (warp-uniform)
@@ -589,7 +593,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
           }
         }
         tma::mbar_arrive(hs_full);
-        named_barrier_sync(1, kThreads);  // (block 0's weights written)
+        if (!walk_meta) named_barrier_sync(1, kThreads);  // (block 0's weights written)
         const float cum_mid = meta[kM - 1];
         const float s0[1] = {a_grows[0] ? carry : fast_exp2(cum_mid)};
         const int n0 = 2 * c_rel;  // (block 0's X tile)
@@ -643,22 +647,26 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         // e_s = cum_s - log2(dt'_s) in place of dt' (a_grows: cum taken as 0) for the output
         // warpgroups (0.7-0.9% faster than each output warpgroup computing its own copy, v24), and
         // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
-        // (a_grows: w = dt' stays, see below); kStatePairs: every weight then as its pair slot
+        // (a_grows: w = dt' stays, see below); kStatePairs: every weight then as its pair slot.
+        // walk_meta: chunk_cumsum stored them so (without this step and its barrier the walk was
+        // 1.2-2.5% faster, design log v55).
         tma::mbar_wait(full + (li & 1), ph);
+        if (!walk_meta) {
 #pragma unroll
-        for (int i = 0; i < HP; ++i) {
-          float* meta = const_cast<float*>(cum_of(buf, i));
-          const float e = (a_grows[i] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
-          meta[q + wtid] = e;
-          const bool mid = !a_grows[i] && wtid < kM;  // (warp-uniform)
-          if constexpr (kStatePairs) {
-            if (mid || !pairs_in) store_w(meta + 2 * q, mid ? fast_exp2(meta[kM - 1] - e) : meta[2 * q + wtid]);
-          } else if (mid) {
-            meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+          for (int i = 0; i < HP; ++i) {
+            float* meta = const_cast<float*>(cum_of(buf, i));
+            const float e = (a_grows[i] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
+            meta[q + wtid] = e;
+            const bool mid = !a_grows[i] && wtid < kM;  // (warp-uniform)
+            if constexpr (kStatePairs) {
+              if (mid || !pairs_in) store_w(meta + 2 * q, mid ? fast_exp2(meta[kM - 1] - e) : meta[2 * q + wtid]);
+            } else if (mid) {
+              meta[2 * q + wtid] = fast_exp2(meta[kM - 1] - e);
+            }
           }
         }
         tma::mbar_arrive(hs_full);
-        named_barrier_sync(1, kThreads);  // (block 0's weights written)
+        if (!walk_meta) named_barrier_sync(1, kThreads);  // (block 0's weights written)
         // ---- H at the middle of the chunk: H * exp2(cum_63) + block 0's tokens. a_grows: the
         // decays within a chunk are clamped at 1 (mamba_ssm), which the split cannot express: H *
         // carry + every token with w = dt', and block 1's output works from H_s(start) (see below).
@@ -1093,6 +1101,19 @@ void launch_ws_typed(const SsdParams& p_in, const ChunkInputMaps& maps_in, const
                      cudaStream_t stream) {
   SsdParams p = p_in;
   ChunkInputMaps maps = maps_in;
+  if (p.walk_meta) {
+    if (kRanks != 1 || p.walk_pairs != kWsStatePairs<T, NK, kRanks> || p.prewalk || p.wst == nullptr) {
+      throw_launch_error(std::string("fused_walk: the specialised variant at dstate ") + std::to_string(p.dstate) +
+                         " reads chunk_cumsum's walk meta (SsdParams::walk_meta) on one rank, with its weights in "
+                         "wst as " + (kWsStatePairs<T, NK, kRanks> ? "bf16 pairs" : "fp32") +
+                         " and without a pre-walk, got " +
+                         (kRanks != 1 ? "two ranks" : p.wst == nullptr ? "no wst" : p.walk_pairs ? "pairs" : "fp32") +
+                         (p.prewalk ? " and a pre-walk" : ""));
+    }
+    // (its weights are in wst's region, beside cum and e: as the pairs the kernel reads, or fp32)
+    p.wst_pairs = p.walk_pairs ? p.wst : nullptr;
+    if (p.walk_pairs) p.wst = nullptr;
+  }
   if (p.wst == nullptr && !(kWsStatePairs<T, NK, kRanks> && p.wst_pairs != nullptr)) {
     throw_launch_error("fused_walk: the specialised variant at dstate " + std::to_string(p.dstate) +
                        " reads chunk_cumsum's fp32 weights (SsdParams::wst), got none");

@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(st::kThreads)
           store_slots(s_w + item * KS + lane * kPerLane, d.wst);
           if (lane == 0) s_carry[item] = d.carry;
         }
-        if (item >= n_local || blockIdx.x == 0) store_chunk_decay(p, d, walk.row, static_cast<int>(h), walk.g0 + c, lane);
+        if (item >= n_local || blockIdx.x == 0) store_chunk_decay(p, d, hd.a, walk.row, static_cast<int>(h), walk.g0 + c, lane);
       }
     }
     __syncthreads();
@@ -500,9 +500,16 @@ void launch_typed(const SsdParams& p, int64_t walks, bool sums_only, cudaStream_
       throw_launch_error("fwd_pass_state: the bf16 segment sums read chunk_cumsum's weights in pairs "
                          "(SsdParams::wst_pairs), got none");
     }
-    if (!(PassTiles<T, NT, KS>::template kWeightPairs<true, false> && !p.sums_cumsum) && p.wst == nullptr) {
+    const bool fp32_weights = !(PassTiles<T, NT, KS>::template kWeightPairs<true, false> && !p.sums_cumsum);
+    if (fp32_weights && p.wst == nullptr) {
       throw_launch_error("fwd_pass_state: these segment sums read (or, with chunk_cumsum's work, write) fp32 weights "
                          "(SsdParams::wst), got none");
+    }
+    if (p.walk_meta && (p.sums_cumsum || fp32_weights)) {
+      throw_launch_error(p.sums_cumsum ? "fwd_pass_state: the segment sums doing chunk_cumsum's work do not store "
+                                         "fused_walk's walk meta (SsdParams::walk_meta)"
+                                       : "fwd_pass_state: these segment sums read fp32 weights (SsdParams::wst), "
+                                         "where walk_meta has chunk_cumsum store fused_walk's instead");
     }
     dim3 grid_sums(p_tiles * n_tiles, p.nheads, static_cast<unsigned>(walks * (p.nseg - 1) * p.sum_split));
     launch_kernel(sums, grid_sums, dim3(st::kThreads), smem, stream, true, 1, "launch fwd_pass_state (segment sums)", p,

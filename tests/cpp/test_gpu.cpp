@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dispatch/launch.hpp"
 #include "dispatch/tuning.hpp"
 #include "kernels/tensor_map.hpp"
 #include "mamba2_ssd/api.hpp"
@@ -886,6 +887,75 @@ TEST(Gpu, SumsComputeCumsum) {
   }
   v.seed = ++seed;
   check_problem(v, "sums-cumsum-varlen");
+}
+
+// chunk_cumsum storing e and the specialised fused_walk's weights (SsdParams::walk_meta) gives the
+// bits of that kernel computing them itself at every chunk (MAMBA2_SSD_WALK_META=0), and both
+// match the reference: dstate 128 (fp32 weights; bf16 beside the segment sums, which read the true
+// weights' pairs, and fp16 in one segment), dstate 64 and 256 in one segment (weight pairs; one and
+// two heads per CTA; block slots), with A > 0 heads, model decays and a partial last chunk; and the
+// calls where it does not run: the pair forms beside segment sums, two ranks (dstate 512), the
+// sums doing chunk_cumsum's work, fp16 segment sums and a pre-walk.
+TEST(Gpu, WalkMetaFromChunkCumsum) {
+  SKIP_WITHOUT_GPU();
+  int seed = 2400;
+  struct Case {
+    int64_t n, heads, seqlen;
+    int segments, heads_per_cta;
+    bool fp16, mixed_a, applies;
+  };
+  for (const Case& k : {Case{128, 4, 4096 + 33, 4, 1, false, true, true}, Case{128, 4, 3000, 1, 1, true, false, true},
+                        Case{64, 4, 3000 + 33, 1, 1, false, true, true}, Case{64, 8, 3000, 1, 2, false, true, true},
+                        Case{256, 4, 3000 + 33, 1, 1, false, true, true}, Case{64, 4, 4096, 4, 1, false, false, false},
+                        Case{256, 4, 4096, 4, 1, false, false, false}, Case{512, 4, 2048 + 5, 1, 1, false, true, false},
+                        Case{128, 4, 1000, 4, 1, false, false, false},  // (segments of 2 chunks: the sums' work)
+                        Case{128, 4, 4096, 4, 1, true, false, false},
+                        Case{128, 4, 2048, 2, 1, false, true, false}}) {  // (a pre-walk, below)
+    ProblemConfig c = base_config();
+    c.dtype = k.fp16 ? DType::kFloat16 : DType::kBFloat16;
+    c.dt_dtype = c.dtype;
+    c.nheads = k.heads;
+    c.dstate = k.n;
+    c.seqlen = k.seqlen;
+    c.model_decay = true;
+    c.mixed_a = k.mixed_a;  // (A > 0 on the odd heads)
+    c.kernel_config = {0, 0, 0, k.segments, 2, k.heads_per_cta};
+    c.seed = ++seed;
+    const bool prewalk = k.segments == 2 && k.n == 128;
+    if (prewalk) {
+      ::setenv("MAMBA2_SSD_PREWALK", "1", 1);
+      ::setenv("MAMBA2_SSD_FIRST_SEGMENT", "5", 1);
+    }
+    {
+      Problem prob(c);
+      DeviceMirror dm(prob);  // (the decision reads where the tensors are)
+      EXPECT_EQ(detail::stores_walk_meta(dm.gp, validate(dm.gp)), k.applies) << c.describe();
+    }
+    std::vector<std::vector<uint8_t>> on, off;
+    {
+      Problem prob(c);
+      GpuRun gpu(prob);
+      ASSERT_EQ(gpu.run(1, &on), "") << c.describe();
+    }
+    ::setenv("MAMBA2_SSD_WALK_META", "0", 1);
+    {
+      Problem prob(c);
+      {
+        DeviceMirror dm(prob);
+        EXPECT_FALSE(detail::stores_walk_meta(dm.gp, validate(dm.gp)));
+      }
+      GpuRun gpu(prob);
+      const std::string err = gpu.run(1, &off);
+      ::unsetenv("MAMBA2_SSD_WALK_META");
+      ASSERT_EQ(err, "") << c.describe();
+    }
+    ASSERT_EQ(on.size(), 1u);
+    ASSERT_EQ(off.size(), 1u);
+    EXPECT_TRUE(on[0] == off[0]) << "walk meta from chunk_cumsum changed the bits: " << c.describe();
+    check_problem(c, "walk-meta");
+    ::unsetenv("MAMBA2_SSD_PREWALK");
+    ::unsetenv("MAMBA2_SSD_FIRST_SEGMENT");
+  }
 }
 
 // fused_walk's two epilogues: TMA stores of whole 64-token blocks (16-bit output without z, the
