@@ -156,9 +156,6 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
   constexpr bool kMetaMap = kWsMetaMap<kRanks>;
   // (kStatePairs: the meta's weights as chunk_cumsum's pairs where it stores them, else fp32)
   const bool pairs_in = kStatePairs && p.wst_pairs != nullptr;
-  // SsdParams::walk_meta: e and the weights as chunk_cumsum stored them, one rank only (the launch
-  // refuses it on two, where it was slower: design log v55)
-  const bool walk_meta = kRanks == 1 && p.walk_meta;
   const float* w_in = pairs_in ? p.wst_pairs : p.wst;
   // The CTA's rank and its first state column (read where used, as in fused_walk_kernel).
   auto rank_now = [&]() { return kRanks == 1 ? 0 : static_cast<int>(tma::cluster_rank()); };
@@ -582,7 +579,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         write_hs(0, ph);
         if constexpr (kClaims) tma::mbar_wait(full_m + c_rel % 4, static_cast<uint32_t>(c_rel / 4) & 1u);
         else tma::mbar_wait(full, ph);
-        if (!walk_meta) {  // (else chunk_cumsum stored them so)
+        if (!p.walk_meta) {  // (else chunk_cumsum stored them so)
           const float e = (a_grows[0] ? 0.0f : meta[wtid]) - fast_log2(meta[q + wtid]);
           meta[q + wtid] = e;
           const bool mid = !a_grows[0] && wtid < kM;  // (warp-uniform)
@@ -593,7 +590,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
           }
         }
         tma::mbar_arrive(hs_full);
-        if (!walk_meta) named_barrier_sync(1, kThreads);  // (block 0's weights written)
+        if (!p.walk_meta) named_barrier_sync(1, kThreads);  // (block 0's weights written)
         const float cum_mid = meta[kM - 1];
         const float s0[1] = {a_grows[0] ? carry : fast_exp2(cum_mid)};
         const int n0 = 2 * c_rel;  // (block 0's X tile)
@@ -648,10 +645,10 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
         // warpgroups (0.7-0.9% faster than each output warpgroup computing its own copy, v24), and
         // block 0's weights to the middle of the chunk, w'_s = exp2(cum_63 - e_s), in place of w
         // (a_grows: w = dt' stays, see below); kStatePairs: every weight then as its pair slot.
-        // walk_meta: chunk_cumsum stored them so (without this step and its barrier the walk was
-        // 1.2-2.5% faster, design log v55).
+        // SsdParams::walk_meta: chunk_cumsum stored them so (without this step and its barrier the
+        // walk was 1.2-2.5% faster, design log v55).
         tma::mbar_wait(full + (li & 1), ph);
-        if (!walk_meta) {
+        if (!p.walk_meta) {
 #pragma unroll
           for (int i = 0; i < HP; ++i) {
             float* meta = const_cast<float*>(cum_of(buf, i));
@@ -666,7 +663,7 @@ __global__ void __launch_bounds__(3 * kThreads, 1)
           }
         }
         tma::mbar_arrive(hs_full);
-        if (!walk_meta) named_barrier_sync(1, kThreads);  // (block 0's weights written)
+        if (!p.walk_meta) named_barrier_sync(1, kThreads);  // (block 0's weights written)
         // ---- H at the middle of the chunk: H * exp2(cum_63) + block 0's tokens. a_grows: the
         // decays within a chunk are clamped at 1 (mamba_ssm), which the split cannot express: H *
         // carry + every token with w = dt', and block 1's output works from H_s(start) (see below).
@@ -1102,12 +1099,11 @@ void launch_ws_typed(const SsdParams& p_in, const ChunkInputMaps& maps_in, const
   SsdParams p = p_in;
   ChunkInputMaps maps = maps_in;
   if (p.walk_meta) {
-    if (kRanks != 1 || p.walk_pairs != kWsStatePairs<T, NK, kRanks> || p.prewalk || p.wst == nullptr) {
+    if (p.walk_pairs != kWsStatePairs<T, NK, kRanks> || p.prewalk || p.wst == nullptr) {
       throw_launch_error(std::string("fused_walk: the specialised variant at dstate ") + std::to_string(p.dstate) +
-                         " reads chunk_cumsum's walk meta (SsdParams::walk_meta) on one rank, with its weights in "
-                         "wst as " + (kWsStatePairs<T, NK, kRanks> ? "bf16 pairs" : "fp32") +
-                         " and without a pre-walk, got " +
-                         (kRanks != 1 ? "two ranks" : p.wst == nullptr ? "no wst" : p.walk_pairs ? "pairs" : "fp32") +
+                         " reads chunk_cumsum's walk meta (SsdParams::walk_meta) with its weights in wst, as " +
+                         (kWsStatePairs<T, NK, kRanks> ? "bf16 pairs" : "fp32") + " and without a pre-walk, got " +
+                         (p.wst == nullptr ? "no wst" : p.walk_pairs ? "pairs" : "fp32 weights") +
                          (p.prewalk ? " and a pre-walk" : ""));
     }
     // (its weights are in wst's region, beside cum and e: as the pairs the kernel reads, or fp32)
